@@ -1,0 +1,1 @@
+"""FX passes: profile, problem building, partition, memory simulation (``remat.passes``)."""

@@ -1,0 +1,199 @@
+"""Partition pass: decide the saved set of each joint graph, and check the result.
+
+:class:`Planner` is what torch's partitioner calls (through
+``torch_adapter.saved_values_chooser``) for each joint graph: it profiles
+the graph, builds the :class:`Problem`, solves it under the budget and
+hands back the nodes to save. torch then builds the forward and backward
+graphs, recomputing in the backward every forward value it needs and was
+not handed, just before its first use. When those graphs arrive for
+compilation the planner checks them against the plan.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch.fx as fx
+
+from remat import solvers
+from remat.budget import infeasible, min_budget_bytes
+from remat.errors import PlanError
+from remat.options import Options
+from remat.report import Report, node_rows
+from remat.solvers.problem import Problem
+from remat.solvers.solution import Solution
+
+from . import torch_adapter as adapter
+from .memory import realized_peak, recomputed_in
+from .problem import build_problem
+from .profile import TimingCache, profile_graph
+
+log = logging.getLogger(__name__)
+
+
+class PlanComplete(Exception):
+    """Stops compilation once a graph is planned (``remat.plan`` runs nothing)."""
+
+
+@dataclass
+class GraphPlan:
+    """Everything remat decided and predicted for one joint graph."""
+
+    problem: Problem
+    solution: Solution
+    report: Report
+    forward_names: set[str]
+    random_names: set[str]
+    graphs: dict[str, fx.GraphModule] = field(default_factory=dict)
+
+
+def solve(problem: Problem, options: Options) -> tuple[Solution, Solution, Solution]:
+    """(plan, store-all, smallest-peak plan); raises BudgetError below the minimum."""
+    budget = options.planned_bytes
+    config = solvers.ILPConfig(time_limit_s=options.time_limit_s)
+    store_all = solvers.store_all(problem)
+    lowest = solvers.min_peak(problem, config=config)
+    if budget is not None and budget < lowest.peak_bytes:
+        raise infeasible(problem, options.budget_bytes, lowest, options.headroom_fraction)
+    solver = solvers.get(options.solver)
+    kwargs = {"config": config} if options.solver.startswith("ilp") else {}
+    plan = solver.solve(problem, budget, **kwargs)
+    if budget is not None and plan.peak_bytes > budget:
+        raise PlanError(f"solver {plan.solver} returned a plan over budget; please report this graph")
+    return plan, store_all, lowest
+
+
+def min_cut_kept(problem: Problem, saved: list[fx.Node]) -> set[str]:
+    """torch's saved set in the model's terms.
+
+    torch may save a view; keeping a view keeps its base's storage, which is
+    what the model's plan says when it keeps the base.
+    """
+    values = problem.by_name()
+    kept = set()
+    for name in (n.name for n in saved):
+        while name in values and not values[name].savable and values[name].operands:
+            name = values[name].operands[0]
+        if name in values and values[name].is_candidate and values[name].savable:
+            kept.add(name)
+    return kept
+
+
+def score_min_cut(problem: Problem, saved: list[fx.Node]) -> tuple[int | None, float]:
+    """(peak, added seconds) of torch's own choice under remat's model.
+
+    The time always has a value; the peak is ``None`` where torch recomputes
+    chains the model only bounds when the operand is kept.
+    """
+    kept = min_cut_kept(problem, saved)
+    recomputed = solvers.closure(problem, kept)
+    seconds = solvers.added_seconds(problem, kept, recomputed)
+    try:
+        return solvers.evaluate(problem, kept, solver="torch-min-cut").peak_bytes, seconds
+    except ValueError as exc:
+        log.debug("min-cut plan's peak not expressible in the model: %s", exc)
+        return None, seconds
+
+
+def nodes_to_save(graph: fx.Graph, node_info: adapter.NodeInfo, solution: Solution) -> list[fx.Node]:
+    """The plan's kept values, plus what is free to hand over: graph inputs and sizes.
+
+    torch drops any handed-over value the backward does not read.
+    """
+    inputs = set(node_info.inputs)
+    keep = []
+    for node in graph.nodes:
+        if node.name in solution.saved or node in inputs:
+            keep.append(node)
+        elif node_info.is_required_fw(node) and adapter.is_sym_node(node):
+            keep.append(node)
+    return keep
+
+
+class Planner:
+    """Plans every joint graph of one compiled model, and keeps the reports."""
+
+    def __init__(self, options: Options, *, stop_after_plan: bool = False) -> None:
+        self.options = options
+        self.stop_after_plan = stop_after_plan
+        self.plans: list[GraphPlan] = []
+        self.cache = TimingCache()
+
+    @property
+    def reports(self) -> list[Report]:
+        return [p.report for p in self.plans]
+
+    def choose(self, joint_graph: fx.Graph, node_info: adapter.NodeInfo) -> list[fx.Node]:
+        t0 = time.perf_counter()
+        costs = profile_graph(joint_graph, mode=self.options.profile, cache=self.cache)
+        problem = build_problem(joint_graph, node_info, costs, fusion=self.options.compiler == "inductor")
+        profile_seconds = time.perf_counter() - t0
+        plan, store_all, lowest = solve(problem, self.options)
+        t1 = time.perf_counter()
+        min_cut_saved = adapter.min_cut_saved_values(joint_graph, node_info)
+        min_cut_seconds = time.perf_counter() - t1
+        report = make_report(problem, plan, store_all, lowest, score_min_cut(problem, min_cut_saved), self.options)
+        report.profile_seconds, report.min_cut_seconds = profile_seconds, min_cut_seconds
+        report.min_feasible_solve_seconds = lowest.solve_seconds
+        forward = {n.name for n in joint_graph.nodes if node_info.is_required_fw(n)}
+        random = {n.name for n in joint_graph.nodes if costs.get(n.name) and costs[n.name].kind == "random"}
+        self.plans.append(GraphPlan(problem, plan, report, forward, random))
+        log.info("remat plan for graph %d:\n%s", len(self.plans) - 1, report.summary())
+        if self.stop_after_plan:
+            raise PlanComplete
+        return nodes_to_save(joint_graph, node_info, plan)
+
+    def on_graph(self, gm: fx.GraphModule, kind: str) -> None:
+        """Called with each partitioned graph before it is compiled."""
+        if not self.plans:
+            return  # an inference graph: nothing was planned
+        plan = self.plans[-1]
+        plan.graphs[kind] = gm
+        if kind == "backward" and "forward" in plan.graphs:
+            check_realized(plan, self.options)
+
+
+def check_realized(plan: GraphPlan, options: Options) -> None:
+    """The graphs torch built must do what the plan says (DESIGN's self-check)."""
+    forward, backward = plan.graphs["forward"], plan.graphs["backward"]
+    again = recomputed_in(backward, plan.forward_names)
+    if again & plan.random_names:
+        raise PlanError(f"random ops would be recomputed with fresh randomness: {sorted(again & plan.random_names)}")
+    extra = again - plan.solution.recomputed
+    if extra:
+        plan.report.notes.append(f"backward recomputes {len(extra)} values the plan keeps or frees: {sorted(extra)[:5]}")
+    peak = realized_peak(forward, backward)
+    plan.report.realized_peak_bytes = peak
+    # Unfused, the realized graphs must peak where the plan says; Inductor's
+    # fusion makes the prediction lower than this op-by-op figure on purpose.
+    if options.compiler == "eager" and peak > plan.report.predicted_peak_bytes:
+        plan.report.notes.append(
+            f"realized graphs peak at {peak} bytes, above the predicted {plan.report.predicted_peak_bytes}"
+        )
+        log.warning(plan.report.notes[-1])
+
+
+def make_report(problem: Problem, plan: Solution, store_all: Solution, lowest: Solution,
+                min_cut: tuple[int | None, float], options: Options) -> Report:
+    return Report(
+        budget_bytes=options.budget_bytes,
+        predicted_peak_bytes=plan.peak_bytes,
+        min_feasible_bytes=min_budget_bytes(lowest.peak_bytes, options.headroom_fraction),
+        planned_budget_bytes=options.planned_bytes,
+        headroom=options.headroom_fraction,
+        store_all_peak_bytes=store_all.peak_bytes,
+        predicted_overhead_seconds=plan.added_seconds - store_all.added_seconds,
+        solver=plan.solver,
+        solver_status=str(plan.status.value),
+        solve_seconds=plan.solve_seconds,
+        mip_gap=plan.gap,
+        nodes=node_rows(problem, plan),
+        min_cut_peak_bytes=min_cut[0],
+        min_cut_overhead_seconds=min_cut[1] - store_all.added_seconds,
+        device=str(problem.meta.get("device", "")),
+        joint_graph_steps=problem.num_steps,
+        candidates=len(problem.candidates()),
+        notes=list(plan.notes),
+    )

@@ -1,0 +1,323 @@
+"""Problem pass: joint graph + ``node.meta["remat"]`` -> a torch-free :class:`Problem`.
+
+The fixed execution order is the forward (the nodes the forward outputs
+need, in graph order) followed by everything else in graph order. Nodes the
+forward does not need are computed in the backward whatever the plan, so
+they are BACKWARD values with fixed intervals; the decisions are only about
+forward values the backward reads.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+from torch.utils.checkpoint import CheckpointPolicy
+
+from remat.solvers.problem import Kind, Problem, Value
+
+from . import torch_adapter as adapter
+from .profile import DevicePeaks, NodeCost, device_of
+
+# Recomputing a pointwise op that Inductor fuses into its consumer costs a
+# fraction of running it alone: its inputs are read anyway, its output is
+# never written.
+FUSED_RECOMPUTE_FRACTION = 0.1
+
+
+@dataclass
+class Order:
+    """The fixed step order and who reads what, by node."""
+
+    steps: list[fx.Node]
+    step_of: dict[fx.Node, int]
+    forward: set[fx.Node]
+    direct: set[fx.Node] | None = None
+
+    @property
+    def last(self) -> int:
+        return len(self.steps) - 1
+
+
+def fixed_order(graph: fx.Graph, node_info: adapter.NodeInfo) -> Order:
+    ops = [n for n in graph.nodes if n.op == "call_function"]
+    forward = {n for n in ops if node_info.is_required_fw(n)}
+    # An output of a forward op that only the backward reads (layer norm's
+    # mean and rstd) exists once the forward op ran: it is a forward value.
+    forward |= {n for n in ops if n.target is operator.getitem and n.args[0] in forward}
+    fwd = [n for n in ops if n in forward]
+    steps = fwd + backward_order([n for n in ops if n not in forward], graph)
+    return Order(steps, {n: i for i, n in enumerate(steps)}, forward)
+
+
+def backward_order(backward: list[fx.Node], graph: fx.Graph) -> list[fx.Node]:
+    """The backward as torch runs it (``reordering_to_mimic_autograd_engine``).
+
+    From the first node that reads a tangent on, each node comes right after
+    whichever of its backward inputs have not run yet; a node that reads no
+    tangent thus runs just before its first consumer, not where the joint
+    graph happens to list it.
+    """
+    position = {n: i for i, n in enumerate(graph.nodes)}
+    pending = set(backward)
+    tangent_users = [u for t in graph.find_nodes(op="placeholder") if adapter.is_tangent(t) for u in t.users]
+    starts = [position[u] for u in tangent_users if u in pending]
+    if not starts:
+        return backward
+    placed: list[fx.Node] = []
+
+    def place(node: fx.Node) -> None:
+        todo, batch = [node], []
+        while todo:
+            n = todo.pop()
+            if n in pending:
+                pending.discard(n)
+                batch.append(n)
+                todo.extend(n.all_input_nodes)
+        placed.extend(sorted(batch, key=position.__getitem__))
+
+    first = min(starts)
+    for node in backward:
+        if position[node] < first and node.target is torch.ops.aten.copy_.default:
+            place(node)
+    for node in backward:
+        if position[node] >= first:
+            place(node)
+    return placed + [n for n in backward if n in pending]
+
+
+def is_tensor(node: fx.Node) -> bool:
+    return isinstance(node.meta.get("val"), torch.Tensor)
+
+
+def storage_owner(node: fx.Node, costs: dict[str, NodeCost], by_name: dict[str, fx.Node]) -> fx.Node:
+    """Follow view chains to the node that owns the storage."""
+    while (cost := costs.get(node.name)) is not None and cost.alias_of is not None:
+        node = by_name[cost.alias_of]
+    return node
+
+
+def output_nodes(graph: fx.Graph) -> set[fx.Node]:
+    out = graph.find_nodes(op="output")[0]
+    return {a for a in out.all_input_nodes}
+
+
+def need_intervals(order: Order) -> tuple[dict[fx.Node, int], dict[fx.Node, int]]:
+    """First and last backward step that may need each forward node.
+
+    A node v is needed at its own backward uses, and when a forward user w
+    is recomputed: at w's first direct backward use when w has one, else
+    wherever w itself is first needed. Recomputation placed just before the
+    first consumer then never happens before ``first[v]`` as long as an
+    operand u with ``first[u] > first[w]`` is kept whenever w is recomputed
+    (see ``keep_operands``); ``last[v]`` bounds the latest step it is read.
+    """
+    first: dict[fx.Node, int] = {}
+    last: dict[fx.Node, int] = {}
+    latest_start: dict[fx.Node, int] = {}  # the latest a recomputation of v can happen
+    for node in reversed([n for n in order.steps if n in order.forward]):
+        direct = uses(node, order, forward=False)
+        users = [u for u in node.users if u in first]
+        starts = direct + [min(uses(u, order, forward=False)) if u in direct_users(order) else first[u] for u in users]
+        if not starts:
+            continue
+        first[node] = min(starts)
+        latest_start[node] = min(direct) if direct else max(latest_start[u] for u in users)
+        last[node] = max(direct + [latest_start[u] for u in users])
+    return first, last
+
+
+def direct_users(order: Order) -> set[fx.Node]:
+    """Forward nodes some backward node reads."""
+    if order.direct is None:
+        order.direct = {n for n in order.forward if uses(n, order, forward=False)}
+    return order.direct
+
+
+def keep_operands(node: fx.Node, fields: dict[fx.Node, dict], by_name: dict[str, fx.Node]) -> tuple[str, ...]:
+    """Operands that must be kept, not recomputed, when ``node`` is recomputed.
+
+    Recomputing both would need the operand before its modelled interval.
+    A view costs nothing to recompute early; the rule then applies to its base.
+    """
+    start = fields[node].get("need_start")
+    if start is None:
+        return ()
+    late: list[str] = []
+    stack = list(fields[node]["operands"])
+    while stack:
+        operand = fields.get(by_name[stack.pop()], {})
+        if operand.get("need_start") is None or operand["need_start"] <= start:
+            continue
+        if not operand["savable"]:  # a view costs nothing to recompute early: its base must be there
+            stack.extend(operand["operands"])
+        elif operand["name"] not in late:
+            late.append(operand["name"])
+    return tuple(late)
+
+
+def fold_aliases(values: dict[fx.Node, dict], owners: dict[fx.Node, fx.Node]) -> None:
+    """A storage lives as long as any of its aliases: widen the owner's intervals."""
+    for node, owner in owners.items():
+        if node is owner or owner not in values:
+            continue
+        alias, base = values[node], values[owner]
+        if base["kind"] is Kind.BACKWARD or alias["kind"] is Kind.FORWARD:
+            base["last_use"] = max(base["last_use"], alias["last_use"])
+        if alias["kind"] is Kind.BACKWARD and base["kind"] is Kind.FORWARD:
+            widen_need(base, alias["produced"], alias["last_use"])
+        elif alias.get("need_end") is not None:
+            widen_need(base, alias["need_start"], alias["need_end"])
+
+
+def widen_need(base: dict, start: int, end: int) -> None:
+    base["need_start"] = min(start, base["need_start"] if base.get("need_start") is not None else math.inf)
+    base["need_end"] = max(end, base.get("need_end") or 0)
+
+
+def recompute_ban(node: fx.Node, cost: NodeCost, costs: dict[str, NodeCost]) -> str | None:
+    parent = node.args[0] if node.target is operator.getitem else None
+    if isinstance(parent, fx.Node) and parent.name in costs:  # an output of a multi-output op
+        return recompute_ban(parent, costs[parent.name], costs)
+    if cost.kind == "random":
+        return "random op: recomputing it would draw new random numbers"
+    if node.meta.get("recompute") == CheckpointPolicy.MUST_SAVE:
+        return "checkpoint policy MUST_SAVE"
+    schema = getattr(node.target, "_schema", None)
+    if schema is not None and schema.is_mutable:
+        return "mutates its input"
+    if "c10d" in str(node.target):
+        return "collective"
+    return None
+
+
+def uses(node: fx.Node, order: Order, *, forward: bool) -> list[int]:
+    return [order.step_of[u] for u in node.users if u in order.step_of and (u in order.forward) == forward]
+
+
+def cost_fields(cost: NodeCost, peaks: DevicePeaks, fusion: bool) -> dict:
+    """Objective terms: what recomputing, and what keeping, adds to the step."""
+    fused = fusion and cost.kind == "pointwise"
+    return {
+        "op": "",
+        "seconds": cost.seconds,
+        "flops": cost.flops,
+        "recompute_seconds": cost.seconds * (FUSED_RECOMPUTE_FRACTION if fused else 1.0),
+        # a fused value is never written unless kept: keeping it costs a write and a read
+        "save_seconds": 2 * cost.bytes / peaks.bytes_per_s if fused else 0.0,
+    }
+
+
+def forward_fields(node: fx.Node, costs: dict[str, NodeCost], order: Order, outputs: set[fx.Node],
+                   need: tuple[dict, dict]) -> dict:
+    cost = costs[node.name]
+    fwd_uses = uses(node, order, forward=True)
+    step = order.step_of[node]
+    last_use = order.last if node in outputs else max(fwd_uses, default=step)
+    first, last = need
+    return {
+        "kind": Kind.FORWARD,
+        "last_use": last_use,
+        "need_start": first.get(node),
+        "need_end": last.get(node),
+        "direct_need": bool(uses(node, order, forward=False)),
+        "operands": tuple(a.name for a in node.all_input_nodes if a in order.forward),
+        "recompute_ban": recompute_ban(node, cost, costs),
+        "savable": is_tensor(node) and cost.kind != "view"
+        and node.meta.get("recompute") != CheckpointPolicy.MUST_RECOMPUTE,
+    }
+
+
+def backward_fields(node: fx.Node, order: Order, outputs: set[fx.Node]) -> dict:
+    step = order.step_of[node]
+    last_use = order.last if node in outputs else max(uses(node, order, forward=False), default=step)
+    return {"kind": Kind.BACKWARD, "last_use": last_use}
+
+
+def problem_nodes(graph: fx.Graph, order: Order) -> Iterable[fx.Node]:
+    """Nodes that hold tensors (or tuples of them) in step order."""
+    for node in order.steps:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) or (isinstance(val, (tuple, list)) and val):
+            yield node
+
+
+def fused_away(node: fx.Node, costs: dict[str, NodeCost], order: Order, outputs: set[fx.Node], *,
+               any_phase: bool = False) -> bool:
+    """Whether Inductor computes ``node`` inside its consumers' kernel, never writing it.
+
+    A pointwise value read only by pointwise ops or reductions is fused into them: in
+    its own pass when they all run there; when recomputed in the backward,
+    wherever they run (``any_phase``). Kept values are always written.
+    """
+    # Inductor may realize a value with several readers into a buffer: only
+    # a single reader is sure to inline it.
+    if costs[node.name].kind != "pointwise" or node in outputs or len(node.users) != 1:
+        return False
+    phase = node in order.forward
+    return all(
+        u in order.step_of and (any_phase or (u in order.forward) == phase)
+        and costs[u.name].kind in ("pointwise", "reduction")
+        for u in node.users
+    )
+
+
+def produced_at(node: fx.Node, order: Order) -> int:
+    """An element of a multi-output op is allocated by the op, not by ``getitem``."""
+    parent = node.args[0] if node.target is operator.getitem else None
+    if isinstance(parent, fx.Node) and parent in order.step_of:
+        return order.step_of[parent]
+    return order.step_of[node]
+
+
+def apply_fusion(node: fx.Node, field: dict, costs: dict[str, NodeCost], order: Order,
+                 outputs: set[fx.Node]) -> None:
+    """Discount bytes Inductor never allocates (see ``fused_away``)."""
+    if fused_away(node, costs, order, outputs, any_phase=node in order.forward):
+        field["recompute_bytes"] = 0  # recomputed straight into fused consumers
+    if fused_away(node, costs, order, outputs):
+        if field.get("need_start") is None:
+            field["bytes"] = 0
+        elif node in order.forward:
+            field["fused_in_forward"] = True
+
+
+def build_problem(graph: fx.Graph, node_info: adapter.NodeInfo, costs: dict[str, NodeCost], *,
+                  fusion: bool = False) -> Problem:
+    """The whole joint graph as plain data for the solvers.
+
+    With ``fusion`` (Inductor compiles the graphs), values Inductor never
+    materializes hold no bytes outside the keep/recompute decisions.
+    """
+    order = fixed_order(graph, node_info)
+    outputs = output_nodes(graph)
+    peaks = DevicePeaks.for_device(device_of(graph))
+    need = need_intervals(order)
+    by_name = {n.name: n for n in graph.nodes}
+    fields: dict[fx.Node, dict] = {}
+    for node in problem_nodes(graph, order):
+        cost = costs[node.name]
+        base = {"name": node.name, "bytes": cost.bytes, "produced": produced_at(node, order), **cost_fields(cost, peaks, fusion)}
+        base["op"] = str(node.target)
+        extra = forward_fields(node, costs, order, outputs, need) if node in order.forward else backward_fields(node, order, outputs)
+        fields[node] = {**base, **extra}
+    owners = {n: storage_owner(n, costs, by_name) for n in fields}
+    fold_aliases(fields, owners)
+    for node in fields:
+        if node in order.forward:
+            fields[node]["keep_operands"] = keep_operands(node, fields, by_name)
+        if fusion:
+            apply_fusion(node, fields[node], costs, order, outputs)
+    inputs = [
+        Value(name=n.name, kind=Kind.INPUT, bytes=costs[n.name].bytes, produced=0, last_use=order.last, op="input")
+        for n in graph.find_nodes(op="placeholder") if n.name in costs
+    ]
+    values = inputs + [Value(**f) for f in fields.values()]
+    workspace = tuple(costs[n.name].workspace if n.name in costs else 0 for n in order.steps)
+    return Problem(values=tuple(values), num_forward_steps=len(order.forward), num_steps=len(order.steps),
+                   workspace=workspace, step_names=tuple(n.name for n in order.steps),
+                   meta={"device": str(device_of(graph))})

@@ -1,0 +1,323 @@
+"""Profile pass: annotate every joint-graph node with what it costs.
+
+Writes ``node.meta["remat"]`` = :class:`NodeCost` for placeholders and
+``call_function`` nodes. Each op is timed *in isolation* on random inputs
+built from its arguments' ``meta["val"]``: the profiler never materializes
+the whole graph's activations, so it runs even for models whose store-all
+step would not fit, and repeated blocks hit the cache (op, shapes, dtypes,
+non-tensor arguments) instead of being measured again.
+
+>>> import torch
+>>> gm = torch.fx.symbolic_trace(lambda x: (x * 2).relu())
+>>> from torch.fx.passes.shape_prop import ShapeProp
+>>> _ = ShapeProp(gm).propagate(torch.randn(4, 4))
+>>> for n in gm.graph.nodes: n.meta["val"] = n.meta.get("tensor_meta") and torch.empty(4, 4)
+>>> costs = profile_graph(gm.graph, mode="analytic")
+>>> costs["mul"].bytes
+64
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+import torch.fx as fx
+from torch.utils._pytree import tree_map
+from torch.utils.flop_counter import FlopCounterMode
+
+from . import torch_adapter as adapter
+
+log = logging.getLogger(__name__)
+
+Mode = Literal["measure", "analytic"]
+_aten = torch.ops.aten
+# Reductions: Inductor fuses pointwise producers into their kernels.
+REDUCTIONS = frozenset({_aten.sum, _aten.mean, _aten.amax, _aten.amin, _aten.prod, _aten.var, _aten.var_mean,
+                        _aten.max, _aten.min, _aten.argmax, _aten.argmin, _aten.any, _aten.all, _aten.logsumexp})
+
+
+@dataclass(frozen=True)
+class DevicePeaks:
+    """Throughputs for the analytic cost model (and to cost materialization)."""
+
+    flops_per_s: float
+    bytes_per_s: float
+
+    @staticmethod
+    def for_device(device: torch.device) -> DevicePeaks:
+        if device.type == "cuda":
+            # Hopper-class: dense bf16 matmul and HBM3e bandwidth.
+            return DevicePeaks(flops_per_s=790e12, bytes_per_s=4.8e12)
+        return DevicePeaks(flops_per_s=1e11, bytes_per_s=2e10)
+
+
+@dataclass(frozen=True)
+class NodeCost:
+    """What one node costs; the unit of ``node.meta["remat"]``."""
+
+    bytes: int  # storage bytes the node allocates (0 when it aliases ``alias_of``)
+    flops: float
+    seconds: float
+    workspace: int  # scratch bytes beyond inputs and outputs (CUDA only)
+    kind: str  # input | view | random | matmul | pointwise | other | getitem | tuple
+    alias_of: str | None = None
+    measured: bool = False
+
+
+@dataclass
+class TimingCache:
+    """(op, shapes, dtypes, arguments) -> (seconds, flops, workspace, measured)."""
+
+    entries: dict[tuple, tuple[float, float, int, bool]] = field(default_factory=dict)
+    hits: int = 0
+
+
+def storage_bytes(val: Any) -> int:
+    """Bytes of the storage a tensor needs (its furthest element, not numel)."""
+    if not isinstance(val, torch.Tensor):
+        return 0
+    if val.numel() == 0:
+        return 0
+    span = 1 + sum((int(s) - 1) * abs(int(st)) for s, st in zip(val.shape, val.stride()))
+    return (span + int(val.storage_offset())) * val.element_size()
+
+
+def node_kind(node: fx.Node) -> str:
+    if node.op == "placeholder":
+        return "input"
+    if node.target is operator.getitem:
+        return "getitem"
+    if is_random(node):
+        return "random"
+    if is_alias(node):
+        return "view"
+    if adapter.OP_TYPES.is_compute_intensive(node):
+        return "matmul"
+    if isinstance(node.meta.get("val"), (tuple, list)):
+        return "tuple"
+    if adapter.aten_packet(node) in REDUCTIONS:
+        return "reduction"
+    if adapter.OP_TYPES.is_fusible(node):
+        return "pointwise"
+    return "other"
+
+
+def is_random(node: fx.Node) -> bool:
+    if node.op != "call_function":
+        return False
+    tags = getattr(node.target, "tags", ())
+    if torch.Tag.nondeterministic_seeded in tags:
+        return dropout_probability(node) != 0
+    return node.target in adapter.random_op_targets() or adapter.OP_TYPES.is_random(node)
+
+
+def dropout_probability(node: fx.Node) -> float | None:
+    """``dropout_p`` of ops like SDPA that are random only when it is nonzero."""
+    schema = getattr(node.target, "_schema", None)
+    names = [a.name for a in schema.arguments] if schema is not None else []
+    if "dropout_p" not in names:
+        return None
+    if "dropout_p" in node.kwargs:
+        return node.kwargs["dropout_p"]
+    index = names.index("dropout_p")
+    return node.args[index] if index < len(node.args) else 0.0
+
+
+def is_alias(node: fx.Node) -> bool:
+    """Whether the node's output shares its first tensor argument's storage."""
+    if node.op != "call_function" or node.target is operator.getitem:
+        return False
+    schema = getattr(node.target, "_schema", None)
+    if schema is not None and any(r.alias_info is not None for r in schema.returns):
+        return True
+    return adapter.OP_TYPES.is_view(node)
+
+
+def first_tensor_arg(node: fx.Node) -> fx.Node | None:
+    for arg in node.all_input_nodes:
+        if isinstance(arg.meta.get("val"), torch.Tensor):
+            return arg
+    return None
+
+
+def concrete(val: Any) -> Any:
+    """A real value shaped like a fake one (symbolic sizes take their hints)."""
+    if isinstance(val, torch.SymInt | torch.SymFloat | torch.SymBool):
+        return type(val.node.hint)(val.node.hint) if val.node.hint is not None else 1
+    if not isinstance(val, torch.Tensor):
+        return val
+    shape = [int(concrete(s)) for s in val.shape]
+    stride = [int(concrete(s)) for s in val.stride()]
+    offset = int(concrete(val.storage_offset()))
+    span = offset + 1 + sum((s - 1) * abs(st) for s, st in zip(shape, stride)) if all(shape) else 0
+    flat = torch.empty(span, dtype=val.dtype, device=val.device)
+    if val.dtype.is_floating_point or val.dtype.is_complex:
+        flat.normal_()
+    else:
+        flat.zero_()  # indices and masks: zero is valid for every lookup
+    return flat.as_strided(shape, stride, offset)
+
+
+def materialize_args(node: fx.Node) -> tuple[tuple, dict]:
+    def real(arg: Any) -> Any:
+        if isinstance(arg, fx.Node):
+            return concrete(arg.meta.get("val"))
+        return arg
+
+    return tree_map(real, node.args), tree_map(real, node.kwargs)
+
+
+def cache_key(node: fx.Node) -> tuple:
+    def describe(arg: Any) -> Any:
+        if isinstance(arg, fx.Node):
+            val = arg.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                return ("T", tuple(map(str, val.shape)), tuple(map(str, val.stride())), str(val.dtype), str(val.device))
+            return ("V", str(val))
+        return repr(arg)
+
+    return (str(node.target), repr(tree_map(describe, node.args)), repr(tree_map(describe, node.kwargs)))
+
+
+def time_call(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
+    """Median seconds of ``fn`` after one warm-up (CUDA events on GPU)."""
+    fn()
+    samples = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize(device)
+            samples.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def count_flops(fn: Callable[[], Any]) -> float:
+    counter = FlopCounterMode(display=False)
+    with counter:
+        fn()
+    return float(counter.get_total_flops())
+
+
+def measure_workspace(fn: Callable[[], Any], device: torch.device, out_bytes: int) -> int:
+    """Scratch bytes an op allocates beyond its outputs, at its peak."""
+    if device.type != "cuda":
+        from remat.measure import cpu_step_peak
+
+        return max(0, cpu_step_peak(fn) - out_bytes)
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return max(0, torch.cuda.max_memory_allocated(device) - before - out_bytes)
+
+
+def device_of(graph: fx.Graph) -> torch.device:
+    for node in graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            return val.device
+    return torch.device("cpu")
+
+
+def analytic_seconds(flops: float, moved_bytes: int, peaks: DevicePeaks) -> float:
+    return max(flops / peaks.flops_per_s, moved_bytes / peaks.bytes_per_s)
+
+
+def moved_bytes(node: fx.Node) -> int:
+    ins = sum(storage_bytes(a.meta.get("val")) for a in node.all_input_nodes)
+    return ins + storage_bytes(node.meta.get("val"))
+
+
+def output_bytes(node: fx.Node) -> int:
+    val = node.meta.get("val")
+    return sum(storage_bytes(v) for v in (val if isinstance(val, (tuple, list)) else [val]))
+
+
+def measure_op(node: fx.Node, device: torch.device, repeats: int) -> tuple[float, float, int]:
+    """Seconds, FLOPs and workspace of one op, run alone on random inputs."""
+    args, kwargs = materialize_args(node)
+
+    def call() -> Any:
+        return node.target(*args, **kwargs)
+
+    flops = count_flops(call)
+    seconds = time_call(call, device, repeats)
+    # pointwise kernels need no scratch memory; measuring on the CPU is slow
+    needs_scratch = device.type == "cuda" or node_kind(node) not in ("pointwise", "random")
+    workspace = measure_workspace(call, device, output_bytes(node)) if needs_scratch else 0
+    return seconds, flops, workspace
+
+
+def op_cost(node: fx.Node, mode: Mode, device: torch.device, cache: TimingCache,
+            repeats: int) -> tuple[float, float, int, bool]:
+    key = cache_key(node)
+    if key in cache.entries:
+        cache.hits += 1
+        return cache.entries[key]
+    peaks = DevicePeaks.for_device(device)
+    result: tuple[float, float, int, bool] | None = None
+    if mode == "measure":
+        try:
+            seconds, flops, workspace = measure_op(node, device, repeats)
+            result = (seconds, flops, workspace, True)
+        except Exception as exc:  # an op that cannot run alone is costed analytically
+            log.debug("could not measure %s (%s): %s", node.name, node.target, exc)
+    if result is None:
+        flops = 0.0
+        try:
+            args, kwargs = materialize_args(node)
+            flops = count_flops(lambda: node.target(*args, **kwargs))
+        except Exception as exc:
+            log.debug("no FLOP count for %s: %s", node.name, exc)
+        result = (analytic_seconds(flops, moved_bytes(node), peaks), flops, 0, False)
+    cache.entries[key] = result
+    return result
+
+
+def annotate(node: fx.Node, mode: Mode, device: torch.device, cache: TimingCache,
+             repeats: int) -> NodeCost:
+    kind = node_kind(node)
+    val = node.meta.get("val")
+    if kind == "getitem" and isinstance(node.args[0], fx.Node) and is_alias(node.args[0]):
+        # an element of split / unbind / chunk: a view of the op's input
+        return NodeCost(bytes=0, flops=0.0, seconds=0.0, workspace=0, kind="view", alias_of=node.args[0].name)
+    if kind in ("input", "getitem") or node.op != "call_function":
+        return NodeCost(bytes=storage_bytes(val), flops=0.0, seconds=0.0, workspace=0, kind=kind)
+    if kind == "view":
+        base = first_tensor_arg(node)
+        return NodeCost(bytes=0, flops=0.0, seconds=0.0, workspace=0, kind=kind,
+                        alias_of=base.name if base is not None else None)
+    seconds, flops, workspace, measured = op_cost(node, mode, device, cache, repeats)
+    return NodeCost(bytes=storage_bytes(val), flops=flops, seconds=seconds,
+                    workspace=workspace, kind=kind, measured=measured)
+
+
+def profile_graph(graph: fx.Graph, *, mode: Mode = "measure", cache: TimingCache | None = None,
+                  repeats: int = 3) -> dict[str, NodeCost]:
+    """Annotate every node of ``graph`` with ``node.meta["remat"]``; return them by name."""
+    if mode not in ("measure", "analytic"):
+        raise ValueError(f"profile mode must be 'measure' or 'analytic', not {mode!r}")
+    cache = cache if cache is not None else TimingCache()
+    device = device_of(graph)
+    costs: dict[str, NodeCost] = {}
+    with torch.no_grad(), adapter.real_tensors():
+        for node in graph.nodes:
+            if node.op in ("placeholder", "call_function"):
+                node.meta["remat"] = costs[node.name] = annotate(node, mode, device, cache, repeats)
+    log.debug("profiled %d nodes, %d cache hits", len(costs), cache.hits)
+    return costs

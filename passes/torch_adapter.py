@@ -1,0 +1,168 @@
+"""Every private torch API remat touches, in one place.
+
+torch 2.11 to 2.14 keep these names; when one moves, only this module
+changes. The rest of remat imports from here, never from
+``torch._functorch`` or ``torch._inductor`` directly.
+
+How remat reaches the joint graph: torch's own min-cut partitioner
+(``min_cut_rematerialization_partition``) does the version-sensitive work
+around the decision (CSE, recompute tags, forced saves of collectives and
+mutations, symbolic sizes, RNG functionalization, building the forward and
+backward modules, reordering the backward like the autograd engine). Its one
+decision, *which values to save*, is the module-level function
+``choose_saved_values_set``. remat swaps that function, and only while
+remat's own compile runs, so the rest of the pipeline stays torch's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch import config as functorch_config
+from torch._functorch import partitioners as _partitioners
+from torch._inductor import config as inductor_config
+from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+from torch.fx.experimental.proxy_tensor import is_sym_node
+
+__all__ = [
+    "ChooseSaved",
+    "NodeInfo",
+    "OP_TYPES",
+    "compile_eager",
+    "compile_inductor",
+    "is_sym_node",
+    "min_cut_saved_values",
+    "saved_values_chooser",
+]
+
+NodeInfo = _partitioners.NodeInfo
+# (joint_graph, node_info) -> the nodes the forward hands to the backward
+ChooseSaved = Callable[[fx.Graph, Any], list[fx.Node]]
+# The same op categories torch's partitioner uses (fusible, random, views...).
+OP_TYPES = _partitioners.get_default_op_list()
+_ORIGINAL_CHOOSER = _partitioners.choose_saved_values_set
+
+
+def min_cut_saved_values(joint_graph: fx.Graph, node_info: Any) -> list[fx.Node]:
+    """What ``torch.compile``'s default partitioner saves for this graph."""
+    return _ORIGINAL_CHOOSER(joint_graph, node_info, memory_budget=1.0)
+
+
+@contextlib.contextmanager
+def saved_values_chooser(choose: ChooseSaved) -> Iterator[None]:
+    """Route torch's partitioner decision to ``choose`` while the block runs.
+
+    The autograd cache is disabled meanwhile: a cache hit would skip the
+    partitioner, and with it remat's plan and report.
+    """
+
+    def patched(joint_graph: fx.Graph, node_info: Any, memory_budget: float = 1) -> list[fx.Node]:
+        return choose(joint_graph, node_info)
+
+    _partitioners.choose_saved_values_set = patched
+    try:
+        with functorch_config.patch(enable_autograd_cache=False), inductor_config.patch(
+            fx_graph_cache=False
+        ):
+            yield
+    finally:
+        _partitioners.choose_saved_values_set = _ORIGINAL_CHOOSER
+
+
+GraphHook = Callable[[fx.GraphModule, str], None]
+
+
+def compile_inductor(
+    gm: fx.GraphModule, example_inputs: Sequence[Any], *, on_graph: GraphHook
+) -> Callable[..., Any]:
+    """Compile with Inductor; ``on_graph`` sees each partitioned graph first."""
+
+    def inner(graph: fx.GraphModule, inputs: Sequence[Any], **kwargs: Any) -> Any:
+        on_graph(graph, "backward" if kwargs.get("is_backward") else "forward")
+        return compile_fx_inner(graph, inputs, **kwargs)
+
+    return compile_fx(gm, example_inputs, inner_compile=inner)
+
+
+def compile_eager(
+    gm: fx.GraphModule, example_inputs: Sequence[Any], *, on_graph: GraphHook
+) -> Callable[..., Any]:
+    """Partition like Inductor would, then run both graphs op by op.
+
+    No fusion: every intermediate is materialized, which is exactly what the
+    memory model assumes. Used for debugging and for exact memory checks.
+    """
+
+    def compiler(kind: str) -> Callable[..., Any]:
+        def compile_graph(graph: fx.GraphModule, _inputs: Sequence[Any]) -> Any:
+            on_graph(graph, kind)
+
+            def run(args: list[Any]) -> Any:
+                # boxed: the argument list is cleared and every value freed after
+                # its last use, as Inductor's code does
+                return fx.Interpreter(graph, garbage_collect_values=True).boxed_run(args)
+
+            run._boxed_call = True  # type: ignore[attr-defined]
+            return run
+
+        return compile_graph
+
+    partition = functools.partial(
+        _partitioners.min_cut_rematerialization_partition, compiler="inductor"
+    )
+    backend = aot_autograd(
+        fw_compiler=compiler("forward"), bw_compiler=compiler("backward"), partition_fn=partition
+    )
+    return backend(gm, example_inputs)
+
+
+@contextlib.contextmanager
+def real_tensors() -> Iterator[None]:
+    """Leave the fake-tensor (and proxy) modes the partitioner runs under, to measure real ops."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        yield
+
+
+def is_tangent(node: fx.Node) -> bool:
+    return node.op == "placeholder" and "tangents" in str(node.target)
+
+
+def random_op_targets() -> frozenset[Any]:
+    """Ops whose recomputation would draw fresh random numbers."""
+    extra = []
+    for name in ("inductor_random", "inductor_seeds", "inductor_lookup_seed"):
+        op = getattr(torch.ops.prims, name, None)
+        if op is not None:
+            extra.append(op)
+    return frozenset(OP_TYPES.random_ops) | frozenset(extra)
+
+
+def aten_packet(node: fx.Node) -> Any:
+    """The overload packet of a node's target (``aten.mm`` for ``aten.mm.default``)."""
+    return _partitioners.get_aten_target(node)
+
+
+def register_backend(name: str, fn: Callable[..., Any]) -> None:
+    """Register a dynamo backend by name unless one is known under it already."""
+    from torch._dynamo.backends import registry
+
+    if name in registry._BACKENDS:  # registered, or an installed entry point dynamo loads itself
+        return
+    registry.register_backend(name=name)(fn)
+
+
+def unwrap_backend_error(exc: BaseException) -> BaseException | None:
+    """The exception a backend raised, from inside dynamo's wrapper."""
+    from torch._dynamo.exc import BackendCompilerFailed
+
+    if isinstance(exc, BackendCompilerFailed):
+        return exc.inner_exception
+    return None

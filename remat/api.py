@@ -1,0 +1,95 @@
+"""The public face: ``compile``, ``plan``, ``reports``."""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+
+from remat.passes import torch_adapter as adapter
+
+from remat.passes.partition import PlanComplete
+
+from .backend import _BACKEND_REPORTS, RematBackend
+from .errors import BudgetError
+from .options import Options
+from .report import Report
+
+F = TypeVar("F", bound=Callable[..., Any])
+_BACKENDS: weakref.WeakKeyDictionary[Any, RematBackend] = weakref.WeakKeyDictionary()
+
+
+def compile(model: F, budget_gb: float | None = None, *, solver: str = "ilp", time_limit_s: float = 30.0,
+            profile: str = "measure", compiler: str = "inductor", headroom: float | None = None,
+            dynamic: bool | None = None, fullgraph: bool = False) -> F:
+    """``torch.compile`` whose partitioner fits each graph's step in ``budget_gb`` GiB.
+
+    Raises :class:`remat.BudgetError` at the first call if the budget is below
+    what any plan reaches. ``remat.reports(compiled)`` lists one Report per
+    compiled graph.
+    """
+    options = Options(budget_gb=budget_gb, solver=solver, time_limit_s=time_limit_s,
+                      profile=profile, compiler=compiler, headroom=headroom)
+    backend = RematBackend(options)
+    compiled = torch.compile(model, backend=backend, dynamic=dynamic, fullgraph=fullgraph)
+    if isinstance(compiled, torch.nn.Module):
+        compiled.forward = raising_budget_errors(compiled.forward)
+    else:
+        compiled = raising_budget_errors(compiled)
+    _BACKENDS[compiled] = backend
+    return compiled  # type: ignore[return-value]
+
+
+def raising_budget_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Surface remat's own errors instead of dynamo's wrapper around them."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            inner = adapter.unwrap_backend_error(exc)
+            if isinstance(inner, (BudgetError, ValueError, TypeError)):
+                raise inner from None
+            raise
+
+    return call
+
+
+def reports(compiled: Any = None) -> list[Report]:
+    """Reports of ``compiled`` (from ``remat.compile``); without it, every
+    report made through ``backend="remat"`` in this process."""
+    if compiled is None:
+        return list(_BACKEND_REPORTS)
+    backend = _BACKENDS.get(compiled)
+    if backend is None:
+        raise ValueError("reports() takes what remat.compile returned; for backend='remat' call remat.reports()")
+    return backend.reports
+
+
+def plan(model: Callable[..., Any], *inputs: Any, budget_gb: float | None = None, solver: str = "ilp",
+         time_limit_s: float = 30.0, profile: str = "measure", compiler: str = "inductor",
+         headroom: float | None = None) -> Report:
+    """Plan ``model(*inputs)`` under ``budget_gb`` and return the Report.
+
+    No training step runs and no parameter, buffer or gradient changes:
+    capture stops as soon as the first graph's plan is made. ``compiler``
+    must match the one the model will be compiled with: Inductor's joint
+    graph is decomposed further and its fusion changes what is allocated.
+    """
+    options = Options(budget_gb=budget_gb, solver=solver, time_limit_s=time_limit_s, profile=profile,
+                      compiler=compiler, headroom=headroom)
+    backend = RematBackend(options, stop_after_plan=True)
+    try:
+        torch.compile(model, backend=backend)(*inputs)
+    except Exception as exc:
+        inner = adapter.unwrap_backend_error(exc) or exc
+        if not isinstance(inner, PlanComplete):
+            raise inner from None
+    if not backend.reports:
+        raise ValueError("nothing to plan: the model produced no graph that needs a backward "
+                         "(do its outputs require grad?)")
+    return backend.reports[0]

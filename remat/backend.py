@@ -1,0 +1,56 @@
+"""The ``remat`` torch.compile backend.
+
+Registered under the ``torch_dynamo_backends`` entry point, so
+``torch.compile(model, backend="remat", options={"budget_gb": 20})`` works
+after ``pip install`` without ``import remat``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch.fx as fx
+
+from remat.passes import torch_adapter as adapter
+from remat.passes.partition import Planner
+
+from .options import Options
+from .report import Report
+
+# Reports of graphs compiled through ``backend="remat"`` by name, in order.
+_BACKEND_REPORTS: list[Report] = []
+
+
+class RematBackend:
+    """A torch.compile backend that plans each graph under ``options``."""
+
+    def __init__(self, options: Options, *, stop_after_plan: bool = False) -> None:
+        self.options = options
+        self.planner = Planner(options, stop_after_plan=stop_after_plan)
+        self.__name__ = "remat"
+
+    @property
+    def reports(self) -> list[Report]:
+        return self.planner.reports
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        compile_graph = adapter.compile_inductor if self.options.compiler == "inductor" else adapter.compile_eager
+        with adapter.saved_values_chooser(self.planner.choose):
+            return compile_graph(gm, example_inputs, on_graph=self.planner.on_graph)
+
+
+def remat_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | None = None,
+                  mode: str | None = None) -> Callable[..., Any]:
+    """Entry point for ``backend="remat"``; ``options`` as :class:`remat.Options`."""
+    if mode not in (None, "default"):
+        raise ValueError(f"backend='remat' takes no mode (got {mode!r}); pass options={{'budget_gb': ...}}")
+    backend = RematBackend(Options.from_mapping(options))
+    compiled = backend(gm, example_inputs)
+    _BACKEND_REPORTS.extend(backend.reports)
+    return compiled
+
+
+def register() -> None:
+    """Make ``backend="remat"`` known to dynamo in this process (idempotent)."""
+    adapter.register_backend("remat", remat_backend)

@@ -1,0 +1,75 @@
+"""Options shared by ``remat.compile``, ``remat.plan`` and the ``remat`` backend."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .budget import budget_bytes
+
+COMPILERS = ("inductor", "eager")
+PROFILES = ("measure", "analytic")
+HEADROOM = {"eager": 0.0, "inductor": 0.2}
+
+
+@dataclass(frozen=True)
+class Options:
+    """How to plan and compile.
+
+    - ``budget_gb``: peak GiB of one forward+backward of each compiled graph
+      (inputs, kept activations, temporaries, workspace, gradients);
+      ``None`` or ``inf``: no limit, the fastest plan.
+    - ``solver``: a name from ``remat.solvers.names()`` ("ilp" by default).
+    - ``time_limit_s``: per solve; the best feasible plan found is used.
+    - ``profile``: "measure" (time every op on its device) or "analytic"
+      (FLOPs and bytes over device peaks, nothing run).
+    - ``compiler``: "inductor" (default) or "eager" (run the partitioned
+      graphs op by op: no fusion, for debugging).
+    - ``headroom``: fraction of the budget held back for memory the model
+      does not see; ``None`` takes the compiler's default (``HEADROOM``):
+      0 for "eager", whose graphs the model predicts to the byte, and 0.2
+      for "inductor", whose own rewrites and kernel order the model only
+      approximates (measured: see the README).
+    """
+
+    budget_gb: float | None = None
+    solver: str = "ilp"
+    time_limit_s: float = 30.0
+    profile: str = "measure"
+    compiler: str = "inductor"
+    headroom: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.headroom is not None and not (isinstance(self.headroom, (int, float)) and 0 <= self.headroom < 1):
+            raise ValueError(f"headroom must be a fraction in [0, 1), not {self.headroom!r}")
+        budget_bytes(self.budget_gb)  # validates
+        if self.compiler not in COMPILERS:
+            raise ValueError(f"compiler must be one of {COMPILERS}, not {self.compiler!r}")
+        if self.profile not in PROFILES:
+            raise ValueError(f"profile must be one of {PROFILES}, not {self.profile!r}")
+        if not isinstance(self.time_limit_s, (int, float)) or not self.time_limit_s > 0:
+            raise ValueError(f"time_limit_s must be a positive number of seconds, not {self.time_limit_s!r}")
+
+    @property
+    def budget_bytes(self) -> int | None:
+        return budget_bytes(self.budget_gb)
+
+    @property
+    def headroom_fraction(self) -> float:
+        return HEADROOM[self.compiler] if self.headroom is None else float(self.headroom)
+
+    @property
+    def planned_bytes(self) -> int | None:
+        """The budget the plan itself must fit: the user's less the headroom."""
+        budget = self.budget_bytes
+        return None if budget is None else int(budget * (1 - self.headroom_fraction))
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, object] | None) -> Options:
+        options = dict(options or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ValueError(f"unknown remat option(s) {unknown}; known options: {sorted(known)}")
+        return cls(**options)  # type: ignore[arg-type]

@@ -1,0 +1,357 @@
+"""The integer program of FORMULATION.md, modelled with PuLP.
+
+Reads like the formulation: ``add_variables``, ``add_constraints``,
+``add_objective``; PuLP names carry indices (``S_3``, ``need_3``,
+``memory_17``) and ``Model.candidates[i]`` maps them back to value names.
+``solve_ilp`` wraps the model with a warm start and a fallback so that it
+always returns a valid plan within the budget, or raises.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import pulp
+
+from .backends import Outcome, run_backend
+from .baselines import greedy, recompute_all, store_all
+from .errors import Infeasible, InvalidPlan, NoPlanFound
+from .model import (
+    clip,
+    fixed_diff,
+    keep_interval,
+    recomputable,
+    recompute_interval,
+    running_sum,
+    workspace,
+)
+from .problem import Problem, Value
+from .simulate import canonical, evaluate, timeline
+from .solution import Solution, Status
+
+log = logging.getLogger(__name__)
+
+Objective = Literal["time", "peak"]
+
+TIE_BREAK = 1e-3  # the tie-break term's largest value, in units of the main term's smallest
+_COST_SPAN = 1e-4  # costs below this fraction of the largest one count as that fraction
+_MEM_STEPS = 1e6  # the peak upper bound spans this many memory units
+
+
+@dataclass(frozen=True)
+class ILPConfig:
+    """How to solve: backend "highs" (highspy) or "cbc" (bundled with PuLP).
+
+    ``time_limit_s`` bounds the solver run; ``mip_gap`` is relative, and
+    OPTIMAL means proven within it.
+    """
+
+    backend: str = "highs"
+    time_limit_s: float = 30.0
+    mip_gap: float = 1e-4
+    threads: int | None = None
+    msg: bool = False
+
+
+@dataclass(frozen=True)
+class Scales:
+    """Units that keep the PuLP numbers well conditioned (FORMULATION.md)."""
+
+    seconds: float  # tau: one objective unit of time, TIE_BREAK of the cheapest decision
+    bytes: float  # one memory unit
+    peak_cap: int  # an upper bound on the peak: every decision on
+
+
+@dataclass
+class Model:
+    """The PuLP problem and its variables, keyed by value name."""
+
+    prob: pulp.LpProblem
+    candidates: tuple[Value, ...]  # PuLP index i -> value
+    S: dict[str, pulp.LpVariable]
+    R: dict[str, pulp.LpVariable]
+    M: list[pulp.LpVariable]
+    P: pulp.LpVariable
+    scales: Scales
+    objective: Objective = "time"
+
+
+def scales_for(problem: Problem) -> Scales:
+    """tau = TIE_BREAK times the cheapest nonzero cost (floored so that costs
+    span at most 4 decades); a memory unit so that the peak bound is about a
+    million units."""
+    costs = [c for v in problem.candidates() for c in (v.recompute_seconds, v.save_seconds) if c > 0]
+    cheapest = max(min(costs), max(costs) * _COST_SPAN) if costs else 1.0
+    tau = TIE_BREAK * cheapest
+    names = [v.name for v in problem.candidates()]
+    cap = max(timeline(problem, names, names), default=0)
+    return Scales(seconds=tau, bytes=max(1.0, cap / _MEM_STEPS), peak_cap=max(cap, 1))
+
+
+def add_variables(problem: Problem, budget_bytes: int | None, scales: Scales) -> Model:
+    """S_v / R_v binaries for candidates (omitted where forced to 0), M_t, P."""
+    prob = pulp.LpProblem("remat", pulp.LpMinimize)
+    candidates = problem.candidates()
+    may_recompute = recomputable(problem)
+    S = {v.name: _binary(prob, f"S_{i}") for i, v in enumerate(candidates) if v.savable}
+    R = {v.name: _binary(prob, f"R_{i}") for i, v in enumerate(candidates) if v.name in may_recompute}
+    M = [prob.add_variable(f"M_{t}", lowBound=0) for t in range(problem.num_steps)]
+    # P is the peak as a fraction of peak_cap: its cost in the objective stays
+    # far above solver tolerances, which drop costs near 1e-7 (a tie-break on
+    # P in memory units vanished at realistic sizes). The budget is P's bound;
+    # memory totals are whole bytes, so B + 1/2 admits exactly the same plans
+    # while giving solvers half a byte of room (CBC's preprocessing declared
+    # budgets met with equality infeasible).
+    cap = None if budget_bytes is None else (budget_bytes + 0.5) / scales.peak_cap
+    P = prob.add_variable("P", lowBound=0, upBound=cap)
+    return Model(prob, candidates, S, R, M, P, scales)
+
+
+def _binary(prob: pulp.LpProblem, name: str) -> pulp.LpVariable:
+    return prob.add_variable(name, lowBound=0, upBound=1, cat=pulp.LpBinary)
+
+
+def add_constraints(model: Model, problem: Problem) -> None:
+    """need, keep_or_recompute, operand, memory and peak rows."""
+    _add_decision_rows(model)
+    fixed = fixed_diff(problem)
+    starts = _add_memory_rows(model, problem, fixed)
+    _add_peak_rows(model, problem, fixed, starts)
+
+
+def _add_decision_rows(model: Model) -> None:
+    for i, v in enumerate(model.candidates):
+        s, r = model.S.get(v.name), model.R.get(v.name)
+        choices = [x for x in (s, r) if x is not None]
+        if v.direct_need and not choices:
+            raise InvalidPlan(f"{v.name} is needed but can be neither kept nor recomputed")
+        if v.direct_need:
+            model.prob += pulp.lpSum(choices) == 1, f"need_{i}"
+        elif len(choices) == 2:
+            model.prob += pulp.lpSum(choices) <= 1, f"keep_or_recompute_{i}"
+        if r is None:
+            continue
+        for j, u in enumerate(v.operands):
+            covered = [x for x in (model.S.get(u), model.R.get(u)) if x is not None]
+            model.prob += r - pulp.lpSum(covered) <= 0, f"operand_{i}_{j}"
+        for j, u in enumerate(v.keep_operands):
+            kept = [model.S[u]] if u in model.S else []
+            model.prob += r - pulp.lpSum(kept) <= 0, f"keep_operand_{i}_{j}"
+
+
+def _add_memory_rows(model: Model, problem: Problem, fixed: list[int]) -> list[bool]:
+    """M_t = M_(t-1) + f_t + (decisions starting at t) - (decisions ending at t-1).
+
+    ``fixed`` holds f_t, the plan-independent change at t. Each decision
+    enters exactly two rows. Returns, per step, whether some decision starts
+    there (memory can rise).
+    """
+    T, unit = problem.num_steps, model.scales.bytes
+    terms: list[list[tuple[pulp.LpVariable, float]]] = [[] for _ in range(T)]
+    starts = [False] * T
+    for v in model.candidates:
+        decisions = (
+            (model.S.get(v.name), keep_interval(v), v.bytes),
+            (model.R.get(v.name), recompute_interval(v), v.held_when_recomputed),
+        )
+        for var, interval, nbytes in decisions:
+            span = clip(interval, T)
+            if var is None or span is None or nbytes == 0:
+                continue
+            terms[span[0]].append((var, -nbytes / unit))
+            starts[span[0]] = True
+            if span[1] + 1 < T:
+                terms[span[1] + 1].append((var, nbytes / unit))
+    for t in range(T):
+        links = [(model.M[t], 1.0)] + ([(model.M[t - 1], -1.0)] if t else [])
+        model.prob += pulp.LpAffineExpression(links + terms[t]) == fixed[t] / unit, f"memory_{t}"
+    return starts
+
+
+def _add_peak_rows(model: Model, problem: Problem, fixed: list[int], starts: list[bool]) -> None:
+    """P * peak_cap >= M_t + w_t, only where memory can rise: elsewhere the
+    row of the step before implies it."""
+    ws = workspace(problem)
+    cap_units = model.scales.peak_cap / model.scales.bytes
+    for t in range(problem.num_steps):
+        if t and not starts[t] and fixed[t] + ws[t] - ws[t - 1] <= 0:
+            continue
+        model.prob += cap_units * model.P - model.M[t] >= ws[t] / model.scales.bytes, f"peak_{t}"
+
+
+def add_objective(model: Model, objective: Objective) -> None:
+    """Minimize one term and break ties with the other, weighted TIE_BREAK.
+
+    time: sum of costs in tau units + P, where P <= 1 and the cheapest
+    decision costs 1 / TIE_BREAK units;
+    peak: P in memory units + TIE_BREAK * cost / (total cost).
+
+    Solvers prune on absolute objective differences near 1e-6, so the
+    tie-break term must be worth far more than that: see FORMULATION.md.
+    """
+    model.objective = objective
+    scales = model.scales
+    cost = [(model.R[v.name], v.recompute_seconds) for v in model.candidates if v.name in model.R]
+    cost += [(model.S[v.name], v.save_seconds) for v in model.candidates if v.name in model.S]
+    cost = [(x, c) for x, c in cost if c > 0]
+    if objective == "peak":
+        total = sum(c for _, c in cost) or 1.0
+        tie = [(x, TIE_BREAK * c / total) for x, c in cost]
+        model.prob += pulp.LpAffineExpression([(model.P, scales.peak_cap / scales.bytes), *tie])
+        return
+    time_terms = [(x, c / scales.seconds) for x, c in cost]
+    model.prob += pulp.LpAffineExpression([*time_terms, (model.P, 1.0)])
+
+
+def build_model(problem: Problem, budget_bytes: int | None, objective: Objective = "time") -> Model:
+    """The whole program for ``problem``; ``budget_bytes`` None is no budget."""
+    model = add_variables(problem, budget_bytes, scales_for(problem))
+    add_constraints(model, problem)
+    add_objective(model, objective)
+    return model
+
+
+def solve_ilp(
+    problem: Problem,
+    budget_bytes: int | None,
+    *,
+    config: ILPConfig | None = None,
+    objective: Objective = "time",
+) -> Solution:
+    """The least added time within ``budget_bytes`` (objective "time"), or the
+    smallest peak (objective "peak", no budget).
+
+    Always a valid plan within the budget: the solver's, or, when it fails,
+    the cheap seed with status FALLBACK. Raises Infeasible when the budget is
+    provably below every plan's peak, InvalidPlan when nothing can be
+    planned, NoPlanFound when the solver failed and no seed fits.
+    ``config.time_limit_s`` bounds the solver run, not model building.
+    """
+    config = config or ILPConfig()
+    if objective == "peak" and budget_bytes is not None:
+        raise ValueError("objective='peak' takes no budget")
+    start = time.perf_counter()
+    _check_fixed_fits(problem, budget_bytes)
+    if not problem.candidates():  # nothing to decide: the check above settled it
+        return evaluate(problem, (), solver=_name(config), status=Status.OPTIMAL)
+    seed = _seed(problem, budget_bytes, objective)
+    model = build_model(problem, budget_bytes, objective)
+    if seed is not None:
+        _warm_start(model, problem, seed)
+    log.debug("ilp: %d columns, %d rows", len(model.prob.variables()), len(model.prob.constraints()))
+    outcome = run_backend(model.prob, config)
+    plan = _read_plan(model, problem, budget_bytes, config, outcome, seed)
+    return replace(plan, solve_seconds=time.perf_counter() - start)
+
+
+def min_peak(problem: Problem, *, config: ILPConfig | None = None) -> Solution:
+    """The plan with the smallest peak; its ``peak_bytes`` is the smallest
+    budget any plan fits (within the MIP gap of ``config``)."""
+    return solve_ilp(problem, None, config=config, objective="peak")
+
+
+def _name(config: ILPConfig) -> str:
+    return f"ilp-{config.backend}"
+
+
+def _check_fixed_fits(problem: Problem, budget_bytes: int | None) -> None:
+    """Raise Infeasible, naming the step, when fixed memory alone is over budget."""
+    if budget_bytes is None or not problem.num_steps:
+        return
+    fixed = [m + w for m, w in zip(running_sum(fixed_diff(problem)), workspace(problem))]
+    t = max(range(len(fixed)), key=fixed.__getitem__)
+    if fixed[t] > budget_bytes:
+        where = problem.step_names[t] if problem.step_names else f"step {t}"
+        raise Infeasible(
+            f"budget {budget_bytes} bytes is below the {fixed[t]} bytes that every plan "
+            f"holds at {where} (inputs, unavoidable values and workspace)"
+        )
+
+
+def _seed(problem: Problem, budget_bytes: int | None, objective: Objective) -> Solution | None:
+    """A cheap valid plan: the first of store-all, greedy, recompute-all that
+    fits (for "peak", the lowest). Raises InvalidPlan if none is valid."""
+    plans = [store_all(problem)]
+    if objective == "time" and _fits(plans[0], budget_bytes):
+        return plans[0]
+    plans += [greedy(problem, 0 if budget_bytes is None else budget_bytes), recompute_all(problem)]
+    if objective == "peak":
+        return min(plans, key=lambda p: (p.peak_bytes, p.added_seconds))
+    return next((p for p in plans if _fits(p, budget_bytes)), None)
+
+
+def _fits(plan: Solution, budget_bytes: int | None) -> bool:
+    return budget_bytes is None or plan.peak_bytes <= budget_bytes
+
+
+def _warm_start(model: Model, problem: Problem, seed: Solution) -> None:
+    for name, var in model.S.items():
+        var.setInitialValue(1 if name in seed.saved else 0)
+    for name, var in model.R.items():
+        var.setInitialValue(1 if name in seed.recomputed else 0)
+    for var, total, w in zip(model.M, seed.timeline, workspace(problem)):
+        var.setInitialValue((total - w) / model.scales.bytes)
+    model.P.setInitialValue(seed.peak_bytes / model.scales.peak_cap)
+
+
+def _read_plan(
+    model: Model,
+    problem: Problem,
+    budget_bytes: int | None,
+    config: ILPConfig,
+    outcome: Outcome,
+    seed: Solution | None,
+) -> Solution:
+    """The solver's plan, extracted canonically and checked by simulate, or the seed."""
+    name = _name(config)
+    if outcome.infeasible and seed is None:
+        raise Infeasible(
+            f"no plan fits {budget_bytes} bytes; min_peak() gives the smallest feasible budget"
+        )
+    if outcome.status is None:
+        return _fallback(seed, name, outcome.reason)
+    chosen = {n for n, var in model.S.items() if (var.varValue or 0.0) > 0.5}
+    try:
+        plan = evaluate(problem, canonical(problem, chosen), solver=name, status=outcome.status)
+    except InvalidPlan as err:
+        return _fallback(seed, name, f"extracted plan is invalid ({err})")
+    if not _fits(plan, budget_bytes):
+        reason = f"extracted plan peaks at {plan.peak_bytes} > budget {budget_bytes}"
+        return _fallback(seed, name, reason)
+    plan = replace(plan, bound=_bound(model, outcome), gap=outcome.gap)
+    if seed is not None and outcome.status is Status.FEASIBLE and _better(seed, plan, model):
+        note = f"the {seed.solver} warm start beat the solver's incumbent"
+        return replace(seed, solver=name, status=Status.FEASIBLE, bound=plan.bound, notes=(note,))
+    return plan
+
+
+def _better(seed: Solution, plan: Solution, model: Model) -> bool:
+    if model.objective == "peak":
+        return seed.peak_bytes < plan.peak_bytes
+    return seed.added_seconds < plan.added_seconds
+
+
+def _bound(model: Model, outcome: Outcome) -> float | None:
+    """The solver's dual bound in seconds (time) or bytes (peak).
+
+    The tie-break adds at most TIE_BREAK (peak) or 1 (time) objective unit,
+    so it is subtracted to keep the bound valid for the main term alone.
+    """
+    if outcome.dual_bound is None or not math.isfinite(outcome.dual_bound):
+        return None
+    if model.objective == "peak":
+        return max(0.0, (outcome.dual_bound - TIE_BREAK) * model.scales.bytes)
+    return max(0.0, (outcome.dual_bound - 1.0) * model.scales.seconds)
+
+
+def _fallback(seed: Solution | None, name: str, reason: str) -> Solution:
+    """The seed, loudly; without one there is no plan to return."""
+    if seed is None:
+        raise NoPlanFound(f"{name}: {reason}; no cheap plan fits the budget either")
+    log.warning("%s: %s; returning the %s plan", name, reason, seed.solver)
+    note = f"{reason}; returned the {seed.solver} plan"
+    return replace(seed, solver=name, status=Status.FALLBACK, notes=(*seed.notes, note))

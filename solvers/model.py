@@ -1,0 +1,138 @@
+"""The memory model, written once: which steps each value is alive at.
+
+Every other module (simulate, baselines, ilp) builds on these functions so
+that the integer program, the simulator and the heuristics cannot disagree.
+Intervals are inclusive step ranges ``(first, last)``; ``None`` is empty.
+
+For a candidate ``v`` (a FORWARD value the backward may need):
+
+- ``A_v = [produced, last_use]``: alive whatever the plan (``fixed_interval``);
+- ``K_v = (last_use, need_end]``: extra steps alive when kept (``keep_interval``);
+  for a value Inductor fuses away in the forward (``fused_in_forward``),
+  ``A_v`` holds no bytes and ``K_v`` starts at ``produced``;
+- ``Q_v = [need_start, need_end]``: alive again when recomputed; memory
+  counts ``Q_v`` minus ``A_v`` (``recompute_interval``), so a value is
+  counted once at a step however many of its intervals cover it.
+
+Every other value has only its fixed interval: INPUTs the whole run,
+BACKWARD and non-candidate FORWARD values ``[produced, last_use]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .problem import Kind, Problem, Value
+
+Interval = tuple[int, int]
+
+
+def fixed_interval(value: Value, num_steps: int) -> Interval:
+    """Steps ``value`` is alive at whatever the plan decides."""
+    if value.kind is Kind.INPUT:
+        return (0, num_steps - 1)
+    return (value.produced, value.last_use)
+
+
+def need_interval(value: Value) -> Interval | None:
+    """``[need_start, need_end]``: where the backward may need a candidate."""
+    if value.need_start is None:
+        return None
+    end = value.need_end if value.need_end is not None else value.need_start
+    return (value.need_start, end)
+
+
+def keep_interval(value: Value) -> Interval | None:
+    """``K_v``: steps a kept candidate is alive beyond ``A_v``."""
+    need = need_interval(value)
+    if need is None:
+        return None
+    if value.fused_in_forward:  # written only because it is kept
+        return (value.produced, max(need[1], value.last_use))
+    if need[1] <= value.last_use:
+        return None
+    return (value.last_use + 1, need[1])
+
+
+def recompute_interval(value: Value) -> Interval | None:
+    """``Q_v`` minus ``A_v``: steps a recomputed candidate is alive beyond ``A_v``.
+
+    A value still alive from the forward (a forward output) is not counted
+    twice where ``Q_v`` overlaps ``A_v``.
+    """
+    need = need_interval(value)
+    if need is None:
+        return None
+    if value.fused_in_forward:
+        return need
+    if need[1] <= value.last_use:
+        return None
+    return (max(need[0], value.last_use + 1), need[1])
+
+
+def clip(interval: Interval | None, num_steps: int) -> Interval | None:
+    """The part of ``interval`` inside ``0 .. num_steps - 1``."""
+    if interval is None:
+        return None
+    first, last = max(interval[0], 0), min(interval[1], num_steps - 1)
+    return (first, last) if first <= last else None
+
+
+def add_interval(diff: list[int], interval: Interval | None, nbytes: int) -> None:
+    """Add ``nbytes`` over ``interval`` to a difference array of T + 1 entries.
+
+    Difference arrays keep a whole timeline O(T + n) instead of O(T * n).
+    """
+    span = clip(interval, len(diff) - 1)
+    if span is None or nbytes == 0:
+        return
+    diff[span[0]] += nbytes
+    diff[span[1] + 1] -= nbytes
+
+
+def fixed_diff(problem: Problem) -> list[int]:
+    """Difference array of the memory that no decision changes."""
+    diff = [0] * (problem.num_steps + 1)
+    for value in problem.values:
+        add_interval(diff, fixed_interval(value, problem.num_steps), value.fixed_bytes)
+    return diff
+
+
+def running_sum(diff: Iterable[int]) -> list[int]:
+    """Prefix sums of a difference array, dropping its sentinel entry."""
+    total, out = 0, []
+    for delta in diff:
+        total += delta
+        out.append(total)
+    return out[:-1]
+
+
+def workspace(problem: Problem) -> list[int]:
+    """Per-step workspace, zeros when the problem has none."""
+    return [problem.workspace_at(t) for t in range(problem.num_steps)]
+
+
+def recomputable(problem: Problem) -> frozenset[str]:
+    """Candidates that may be recomputed: ``R_v`` can be 1.
+
+    ``v`` qualifies when it is not banned and every operand is a candidate
+    that can itself be kept or recomputed; operands come before users in
+    ``problem.values``, so one pass in production order suffices.
+    """
+    by_name = problem.by_name()
+    ok: set[str] = set()
+    for value in problem.values:
+        if not value.is_candidate or value.recompute_ban is not None:
+            continue
+        keep = value.keep_operands
+        if all(_plannable(by_name.get(u), ok) for u in value.operands) and all(
+            u in by_name and by_name[u].is_candidate and by_name[u].savable for u in keep
+        ):
+            ok.add(value.name)
+    return frozenset(ok)
+
+
+def _plannable(value: Value | None, recomputable_names: set[str]) -> bool:
+    if value is None or not value.is_candidate:
+        return False
+    return value.savable or value.name in recomputable_names

@@ -1,0 +1,131 @@
+"""Plain data crossing from the FX passes into the solvers: no torch here.
+
+A :class:`Problem` is the joint forward+backward graph flattened into *steps*
+(forward nodes in graph order, then backward nodes in graph order) and
+*values* (one per node that produces tensors), keyed by node name. Every
+value's lifetime is an interval whose ends depend only on its own keep /
+recompute decision, so peak memory is linear in the decisions
+(see FORMULATION.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Kind(str, Enum):
+    """Where a value comes from; decides which lifetime rule applies."""
+
+    INPUT = "input"  # parameters, buffers, batch, tangents: alive throughout
+    FORWARD = "forward"  # produced by the forward; a keep/recompute candidate
+    BACKWARD = "backward"  # produced by the backward; fixed interval
+
+
+@dataclass(frozen=True)
+class Value:
+    """One node's output storage and the facts the solvers need about it.
+
+    Steps are indices into the fixed order ``0 .. problem.num_steps - 1``.
+
+    - ``bytes``: storage bytes this node allocates. Views and other aliases
+      own no storage (0); their uses are folded into their base's intervals.
+    - ``produced``: step of the node that creates the value.
+    - ``last_use``: for INPUT, unused (alive throughout); for BACKWARD, last
+      step that reads it (``num_steps - 1`` for produced gradients); for
+      FORWARD, last *forward* step that reads it or any alias of it
+      (``produced`` when none; ``num_steps - 1`` for forward outputs, which
+      the caller holds through the backward).
+    - ``need_start`` / ``need_end``: FORWARD only, ``None`` when the backward
+      can never need this value. ``need_start`` is the first backward step
+      that needs it, directly or through a recomputed forward user;
+      ``need_end`` the last such step. A kept value lives
+      ``[produced, max(last_use, need_end)]``; a recomputed one lives
+      ``[produced, last_use]`` and again ``[need_start, need_end]``.
+    - ``direct_need``: some backward node reads it (or an alias): it must be
+      kept or recomputed.
+    - ``operands``: FORWARD operands that are not INPUTs; recomputing this
+      value needs each of them kept or recomputed.
+    - ``keep_operands``: the operands that must be *kept* (not recomputed)
+      when this value is recomputed: recomputing both would need the
+      operand before its own modelled interval starts.
+    - ``recompute_ban``: why it may not be recomputed (random op, collective,
+      mutation, ...), ``None`` when it may.
+    - ``savable``: whether it may be kept (views are never kept: their base is).
+    - ``fused_in_forward``: Inductor computes this value inside its forward
+      consumers' kernel: it holds memory only when kept (then from
+      ``produced`` on) or recomputed.
+    - ``recompute_bytes``: bytes held while recomputed (``None``: ``bytes``;
+      0 when Inductor fuses the recomputation into its consumers).
+    - ``recompute_seconds``: added time if recomputed (near zero for pointwise
+      ops that Inductor fuses into their consumer).
+    - ``save_seconds``: added time if kept (writing it in the forward and
+      reading it in the backward when Inductor would otherwise never
+      materialize it; 0 for values materialized anyway).
+    """
+
+    name: str
+    kind: Kind
+    bytes: int
+    produced: int
+    last_use: int
+    op: str = ""
+    need_start: int | None = None
+    need_end: int | None = None
+    direct_need: bool = False
+    operands: tuple[str, ...] = ()
+    keep_operands: tuple[str, ...] = ()
+    recompute_ban: str | None = None
+    savable: bool = True
+    seconds: float = 0.0
+    flops: float = 0.0
+    recompute_seconds: float = 0.0
+    recompute_bytes: int | None = None
+    fused_in_forward: bool = False
+    save_seconds: float = 0.0
+
+    @property
+    def fixed_bytes(self) -> int:
+        """Bytes over the plan-independent interval."""
+        return 0 if self.fused_in_forward else self.bytes
+
+    @property
+    def held_when_recomputed(self) -> int:
+        return self.bytes if self.recompute_bytes is None else self.recompute_bytes
+
+    @property
+    def is_candidate(self) -> bool:
+        """A forward value the backward may need: it gets decisions S and R."""
+        return self.kind is Kind.FORWARD and self.need_start is not None
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A whole joint graph, ready for any solver.
+
+    ``values`` are in production order. ``workspace[t]`` is the scratch
+    memory of the op at step ``t``. ``step_names[t]`` names the node there.
+    """
+
+    values: tuple[Value, ...]
+    num_forward_steps: int
+    num_steps: int
+    workspace: tuple[int, ...] = ()
+    step_names: tuple[str, ...] = ()
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        names = [v.name for v in self.values]
+        if len(set(names)) != len(names):
+            raise ValueError("Problem: value names must be unique")
+        if self.workspace and len(self.workspace) != self.num_steps:
+            raise ValueError("Problem: workspace needs one entry per step")
+
+    def by_name(self) -> dict[str, Value]:
+        return {v.name: v for v in self.values}
+
+    def candidates(self) -> tuple[Value, ...]:
+        return tuple(v for v in self.values if v.is_candidate)
+
+    def workspace_at(self, step: int) -> int:
+        return self.workspace[step] if self.workspace else 0

@@ -1,0 +1,39 @@
+"""Shared fixtures: small models from bench.models and budgets between their limits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import remat
+from bench import models
+from remat.errors import GIB
+
+# Sizes where activations, not parameters, dominate the step's peak.
+SMALL = {
+    "gpt": {"batch": 8, "seq": 64},
+    "gpt-softmax": {"batch": 8, "seq": 64},
+    "llama": {"batch": 8, "seq": 64},
+    "convnet": {"batch": 8},
+    "vit": {"batch": 8},
+    "mlp-dropout": {"batch": 64},
+}
+
+
+def build(name: str, **overrides: object) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    return models.build(name, **{**SMALL.get(name, {}), **overrides})
+
+
+def budget_between(report: remat.Report, fraction: float) -> float:
+    """A budget_gb ``fraction`` of the way from the smallest feasible to the
+    budget at which keeping everything fits (both with the headroom)."""
+    low = report.min_feasible_bytes
+    high = max(low, report.store_all_peak_bytes / (1 - report.headroom))
+    return (low + fraction * (high - low)) / GIB
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()

@@ -1,0 +1,102 @@
+"""The model itself: timelines, closure, plan rules."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from remat.solvers import InvalidPlan, Kind, Problem, check_plan, closure, evaluate, timeline
+from remat.solvers.model import keep_interval, recompute_interval
+from remat.solvers.simulate import canonical
+from remat.solvers.testing import random_problem
+
+
+def naive_timeline(problem: Problem, saved: set[str], recomputed: set[str]) -> list[int]:
+    """O(T * n), straight from the lifetime rules."""
+    out = []
+    for t in range(problem.num_steps):
+        total = problem.workspace_at(t)
+        for v in problem.values:
+            alive = v.kind is Kind.INPUT or v.produced <= t <= v.last_use
+            if v.name in saved and v.need_end is not None:
+                alive = alive or v.last_use < t <= v.need_end
+            if v.name in recomputed:
+                alive = alive or v.need_start <= t <= v.need_end
+            total += v.bytes if alive else 0
+        out.append(total)
+    return out
+
+
+def test_chain_store_all_timeline(chain: Problem) -> None:
+    assert timeline(chain, {"a", "b", "c"}, set()) == (110, 210, 310, 320, 220, 120)
+
+
+def test_branch_intervals(branch: Problem) -> None:
+    b = branch.by_name()["b"]
+    assert (b.last_use, b.need_start, b.need_end) == (2, 4, 4)
+    assert keep_interval(b) == (3, 4)
+    assert recompute_interval(b) == (4, 4)
+    assert timeline(branch, {"a"}, {"b"}) == (110, 210, 220, 320, 230, 130)
+
+
+def test_closure_follows_unsaved_operands(branch: Problem) -> None:
+    assert closure(branch, {"a", "b"}) == frozenset()
+    assert closure(branch, {"a"}) == {"b"}
+    assert closure(branch, set()) == {"a", "b"}
+
+
+def test_view_closure_recomputes_the_view(view: Problem) -> None:
+    assert closure(view, {"a"}) == {"v"}
+    assert evaluate(view, {"a"}).recomputed == {"v"}
+
+
+@pytest.mark.parametrize(
+    ("saved", "recomputed", "message"),
+    [
+        ({"v"}, {"a"}, "v is saved but unsavable"),
+        ({"a"}, set(), "v is needed by the backward"),
+        (set(), {"v"}, "operand a is neither saved nor recomputed"),
+        ({"a"}, {"a", "v"}, "a is both saved and recomputed"),
+        ({"a", "x"}, {"v"}, "x is not a candidate"),
+    ],
+)
+def test_check_plan_names_the_broken_rule(
+    view: Problem, saved: set[str], recomputed: set[str], message: str
+) -> None:
+    with pytest.raises(InvalidPlan, match=message):
+        check_plan(view, saved, recomputed)
+
+
+def test_banned_value_may_not_be_recomputed(make_branch) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(InvalidPlan, match=r"b is recomputed but banned \(random op\)"):
+        evaluate(make_branch(ban_b=True), {"a"})
+
+
+def test_canonical_drops_values_nothing_needs(branch: Problem) -> None:
+    assert canonical(branch, {"a", "b"}) == {"a", "b"}
+    problem = random_problem(3, 12, 8)
+    everything = {v.name for v in problem.candidates() if v.savable}
+    kept = canonical(problem, everything)
+    assert kept == {v.name for v in problem.candidates() if v.savable and v.direct_need}
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_timeline_matches_naive(seed: int) -> None:
+    problem = random_problem(seed, 15, 15)
+    rng = random.Random(seed)
+    savable = [v.name for v in problem.candidates() if v.savable]
+    for _ in range(5):
+        saved = {n for n in savable if rng.random() < 0.5}
+        recomputed = set(closure(problem, saved))
+        assert list(timeline(problem, saved, recomputed)) == naive_timeline(problem, saved, recomputed)
+
+
+def test_evaluate_fills_every_field(branch: Problem) -> None:
+    solution = evaluate(branch, {"a"}, solver="mine")
+    assert solution.recomputed == {"b"}
+    assert solution.peak_bytes == max(solution.timeline) == 320
+    assert solution.added_seconds == pytest.approx(0.1)
+    data = json.loads(json.dumps(solution.to_dict()))
+    assert data["saved"] == ["a"] and data["status"] == "heuristic" and data["solver"] == "mine"

@@ -1,0 +1,134 @@
+"""The public face: budgets, errors, the registered backend, plan(), reports."""
+
+from __future__ import annotations
+
+import copy
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import remat
+from remat.errors import GIB
+from tests.conftest import budget_between, build
+
+
+@pytest.mark.parametrize(
+    ("budget", "error", "message"),
+    [
+        (0, ValueError, "must be positive"),
+        (-3, ValueError, "must be positive"),
+        (float("nan"), ValueError, "NaN"),
+        ("20", TypeError, "number of GiB"),
+        (True, TypeError, "number of GiB"),
+        (torch.tensor(2.0), TypeError, "number of GiB"),
+    ],
+)
+def test_malformed_budgets_are_refused_at_once(budget: object, error: type, message: str) -> None:
+    model, _ = build("gpt")
+    with pytest.raises(error, match=message):
+        remat.compile(model, budget_gb=budget)
+
+
+def test_unknown_options_and_solver_are_named() -> None:
+    with pytest.raises(ValueError, match="known options"):
+        remat.Options.from_mapping({"budget": 3})
+    model, inputs = build("gpt")
+    with pytest.raises(ValueError, match="registered: .*ilp"):
+        remat.plan(model, *inputs, solver="nope", compiler="eager")
+
+
+def test_budget_below_the_minimum_raises_budget_error_with_the_minimum() -> None:
+    model, inputs = build("gpt")
+    low = remat.plan(model, *inputs, compiler="eager").min_feasible_bytes
+    compiled = remat.compile(model, budget_gb=0.9 * low / GIB, compiler="eager")
+    with pytest.raises(remat.BudgetError) as caught:
+        compiled(*inputs)
+    assert caught.value.min_feasible_bytes == low
+    assert isinstance(caught.value, ValueError)
+    assert "smallest feasible budget" in str(caught.value) and "Raise budget_gb" in str(caught.value)
+
+
+def test_budget_at_the_minimum_is_feasible() -> None:
+    model, inputs = build("gpt")
+    low = remat.plan(model, *inputs, compiler="eager").min_feasible_bytes
+    report = remat.plan(model, *inputs, compiler="eager", budget_gb=math.ceil(low) / GIB)
+    assert report.predicted_peak_bytes <= low
+
+
+def test_plan_runs_no_step_and_changes_nothing() -> None:
+    model, inputs = build("convnet")
+    before = copy.deepcopy(model.state_dict())
+    report = remat.plan(model, *inputs, compiler="eager")
+    assert all(p.grad is None for p in model.parameters())
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(value, before[key])
+    assert report.nodes and report.store_all_peak_bytes >= report.min_feasible_bytes
+
+
+def test_lower_budget_never_raises_the_peak_or_lowers_the_overhead() -> None:
+    model, inputs = build("gpt")
+    top = remat.plan(model, *inputs, compiler="eager")
+    reports = [remat.plan(model, *inputs, compiler="eager", budget_gb=budget_between(top, f))
+               for f in (1.0, 0.6, 0.3, 0.0)]
+    peaks = [r.predicted_peak_bytes for r in reports]
+    overheads = [r.predicted_overhead_seconds for r in reports]
+    assert peaks == sorted(peaks, reverse=True)
+    assert all(a <= b + 1e-12 for a, b in zip(overheads, overheads[1:]))
+    assert all(r.predicted_peak_bytes <= r.budget_bytes for r in reports)
+
+
+@pytest.mark.parametrize("budget", [None, float("inf"), 1e6])
+def test_unbinding_budget_is_never_slower_than_torch_min_cut(budget: float | None) -> None:
+    model, inputs = build("gpt")
+    report = remat.plan(model, *inputs, budget_gb=budget)
+    assert report.min_cut_overhead_seconds is not None
+    assert report.predicted_overhead_seconds <= report.min_cut_overhead_seconds + 1e-12
+
+
+def test_report_is_data_first() -> None:
+    model, inputs = build("gpt")
+    report = remat.plan(model, *inputs, compiler="eager", budget_gb=budget_between(
+        remat.plan(model, *inputs, compiler="eager"), 0.2))
+    data = report.to_dict()
+    for key in ("budget_bytes", "predicted_peak_bytes", "min_feasible_bytes", "store_all_peak_bytes",
+                "predicted_overhead_seconds", "solver", "solver_status", "solve_seconds", "mip_gap", "nodes"):
+        assert key in data
+    assert {"name", "op", "bytes", "flops", "seconds", "decision", "reason"} <= set(data["nodes"][0])
+    assert report.recomputed and all(n.reason.startswith("recomputed") for n in report.nodes
+                                     if n.decision == "recomputed")
+    assert report.to_json().startswith("{")
+
+
+def test_backend_by_name_in_process() -> None:
+    model, inputs = build("gpt")
+    compiled = torch.compile(model, backend="remat", options={"compiler": "eager"})
+    compiled(*inputs).backward()
+    assert remat.reports()[-1].solver_status in ("optimal", "feasible")
+
+
+def test_backend_by_name_without_importing_remat() -> None:
+    code = (
+        "import sys, torch\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 1))\n"
+        "c = torch.compile(m, backend='remat', options={'compiler': 'eager', 'budget_gb': 1})\n"
+        "c(torch.randn(4, 8)).sum().backward()\n"
+        "print('ok', all(p.grad is not None for p in m.parameters()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "ok True" in out.stdout
+
+
+def test_solvers_package_imports_no_torch() -> None:
+    import ast
+    import pathlib
+
+    root = pathlib.Path(remat.solvers.__file__).parent
+    for path in root.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n.split(".")[0] == "torch" for n in names), path
