@@ -28,7 +28,7 @@ from remat.solvers.solution import Solution
 from . import torch_adapter as adapter
 from .memory import realized_peak, recomputed_in
 from .problem import build_problem
-from .profile import TimingCache, profile_graph
+from .profile import SHARED_TIMINGS, profile_graph
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,8 @@ def solve(problem: Problem, options: Options) -> tuple[Solution, Solution, Solut
     budget = options.planned_bytes
     config = solvers.ILPConfig(time_limit_s=options.time_limit_s)
     store_all = solvers.store_all(problem)
-    lowest = solvers.min_peak(problem, config=config)
+    # any valid plan bounds the smallest peak; the ILP's may be time-limited
+    lowest = min(solvers.min_peak(problem, config=config), store_all, key=lambda s: s.peak_bytes)
     if budget is not None and budget < lowest.peak_bytes:
         raise infeasible(problem, options.budget_bytes, lowest, options.headroom_fraction)
     solver = solvers.get(options.solver)
@@ -119,7 +120,9 @@ class Planner:
         self.options = options
         self.stop_after_plan = stop_after_plan
         self.plans: list[GraphPlan] = []
-        self.cache = TimingCache()
+        # one cache per process: planning and compiling the same model then
+        # see the same costs (CPU workspace, in particular, varies run to run)
+        self.cache = SHARED_TIMINGS
 
     @property
     def reports(self) -> list[Report]:

@@ -60,6 +60,12 @@ class Report:
     def saved(self) -> list[str]:
         return [n.name for n in self.nodes if n.decision == "kept"]
 
+    def largest_recomputed(self, count: int = 4) -> str:
+        """The recomputed values that free the most memory, for a summary line."""
+        rows = sorted((n for n in self.nodes if n.decision == "recomputed" and n.bytes), key=lambda n: -n.bytes)
+        names = [f"{n.name} ({n.op.removeprefix('aten.')}, {format_bytes(n.bytes)})" for n in rows[:count]]
+        return ", ".join(names) + (", ..." if len(rows) > count else "") if names else "none holding memory"
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -74,15 +80,14 @@ class Report:
             + (f" (plan fits {gib(self.planned_budget_bytes)}, {self.headroom:.0%} headroom)" if self.headroom and self.budget_bytes else ""),
             f"predicted peak         {gib(self.predicted_peak_bytes)}",
             f"store-all peak         {gib(self.store_all_peak_bytes)}",
-            f"smallest feasible      {gib(self.min_feasible_bytes)}",
+            f"smallest feasible      {gib(self.min_feasible_bytes)} (budget)",
         ]
         if self.min_cut_peak_bytes is not None:
             lines.append(f"torch min-cut peak     {gib(self.min_cut_peak_bytes)}")
         if self.measured_peak_bytes is not None:
             lines.append(f"measured peak          {gib(self.measured_peak_bytes)}")
         lines += [
-            f"recomputed             {len(self.recomputed)} of {len(self.nodes)} nodes"
-            f" ({', '.join(self.recomputed[:6])}{', ...' if len(self.recomputed) > 6 else ''})",
+            f"recomputed             {len(self.recomputed)} of {len(self.nodes)} nodes; largest: {self.largest_recomputed()}",
             f"added time (predicted) {self.predicted_overhead_seconds * 1e3:+.3f} ms vs keeping everything",
             f"solver                 {self.solver} ({self.solver_status}, gap {self.mip_gap}) in {self.solve_seconds:.2f} s",
         ]

@@ -1,0 +1,133 @@
+"""GPT-style model at three budgets against torch.compile's default, side by side in one run.
+
+    python -m bench.budgets                       # CUDA: 12 layers, d=1024, seq 2048, batch 8, bf16 autocast
+    python -m bench.budgets --device cpu --smoke  # a small model on the CPU: the harness end to end
+
+Per row: the measured peak under the budget contract (max allocated during
+the step - allocated before it + the graph's inputs), remat's prediction and
+budget, and the step time (median of ``--steps`` steps after warm-up; CUDA
+events on GPU). Results go to bench/results/<date>-<device>-gpt-budgets.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import pathlib
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+import remat
+from bench.models import build
+from remat.errors import GIB
+from remat.measure import step_peak, tensor_bytes
+
+CUDA_SIZE = {"layers": 12, "d_model": 1024, "heads": 16, "seq": 2048, "vocab": 32000, "batch": 8}
+SMOKE_SIZE = {"layers": 2, "d_model": 64, "heads": 4, "seq": 64, "vocab": 256, "batch": 4}
+FRACTIONS = (0.8, 0.5, 0.2)
+
+
+def autocast(device: str) -> contextlib.AbstractContextManager:
+    if device == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def step_seconds(step: Callable[[], None], device: str, steps: int) -> float:
+    for _ in range(2):
+        step()
+    samples = []
+    for _ in range(steps):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            torch.cuda.synchronize()
+            samples.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            step()
+            samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def measure(name: str, model: torch.nn.Module, run: Callable, inputs: tuple, device: str, steps: int) -> dict:
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        with autocast(device):
+            loss = run(*inputs)
+        loss.backward()
+
+    t0 = time.perf_counter()
+    step()  # compiles
+    compile_s = time.perf_counter() - t0
+    model.zero_grad(set_to_none=True)
+    peak = step_peak(step, device) + tensor_bytes([*model.parameters(), *model.buffers(), *inputs])
+    return {"policy": name, "peak_bytes": peak, "step_ms": step_seconds(step, device, steps) * 1e3,
+            "compile_s": round(compile_s, 2)}
+
+
+def run_all(device: str, size: dict, steps: int) -> list[dict]:
+    model, inputs = build("gpt", device=device, **size)
+    rows = [measure("torch.compile default", model, torch.compile(model), inputs, device, steps)]
+    torch._dynamo.reset()
+    with autocast(device):
+        top = remat.plan(model, *inputs)
+    high = top.store_all_peak_bytes / (1 - top.headroom)
+    for fraction in FRACTIONS:
+        budget = top.min_feasible_bytes + fraction * (high - top.min_feasible_bytes)
+        torch._dynamo.reset()
+        compiled = remat.compile(model, budget_gb=budget / GIB)
+        row = measure(f"remat budget {budget / GIB:.3f} GiB", model, compiled, inputs, device, steps)
+        rep = remat.reports(compiled)[0]
+        row.update(budget_bytes=rep.budget_bytes, predicted_peak_bytes=rep.predicted_peak_bytes,
+                   solve_seconds=round(rep.solve_seconds, 3), within_budget=row["peak_bytes"] <= rep.budget_bytes)
+        rows.append(row)
+    base = rows[0]["step_ms"]
+    for row in rows:
+        row["time_vs_default"] = round(row["step_ms"] / base, 3)
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    out = "| policy | peak GiB | budget GiB | predicted GiB | within budget | step ms | vs default | compile s |\n"
+    out += "|---|---|---|---|---|---|---|---|\n"
+    gib = lambda b: "" if b is None else f"{b / GIB:.3f}"  # noqa: E731
+    for r in rows:
+        out += (f"| {r['policy']} | {gib(r['peak_bytes'])} | {gib(r.get('budget_bytes'))} "
+                f"| {gib(r.get('predicted_peak_bytes'))} | {r.get('within_budget', '')} | {r['step_ms']:.1f} "
+                f"| {r['time_vs_default']} | {r['compile_s']} |\n")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.budgets", description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--smoke", action="store_true", help="a small model: checks the harness, not speed")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--out", default="bench/results")
+    args = parser.parse_args(argv)
+    size = SMOKE_SIZE if args.smoke or args.device == "cpu" else CUDA_SIZE
+    rows = run_all(args.device, size, args.steps)
+    today = dt.date.today().isoformat()
+    gpu = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    command = f"python -m bench.budgets --device {args.device}" + (" --smoke" if args.smoke else "")
+    meta = {"date": today, "device": gpu, "torch": torch.__version__, "size": size, "command": command}
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"{today}-{args.device}{'-smoke' if args.smoke else ''}-gpt-budgets"
+    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    table = markdown(rows)
+    (out / f"{stem}.md").write_text(f"# GPT-style budgets, {today}, {gpu}, torch {torch.__version__}\n\n"
+                                   f"Command: `{command}`\n\n{table}")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
