@@ -76,6 +76,10 @@ def saved_values_chooser(choose: ChooseSaved) -> Iterator[None]:
 
 
 GraphHook = Callable[[fx.GraphModule, str], None]
+# Inductor keeps a freed buffer allocated until a later buffer of the same
+# size reuses it, however far away: memory the plan counts as free stays
+# held. Freeing at last use makes the step peak where the plan says.
+INDUCTOR_SETTINGS = {"allow_buffer_reuse": False, "fx_graph_cache": False}
 
 
 def compile_inductor(
@@ -85,7 +89,10 @@ def compile_inductor(
 
     def inner(graph: fx.GraphModule, inputs: Sequence[Any], **kwargs: Any) -> Any:
         on_graph(graph, "backward" if kwargs.get("is_backward") else "forward")
-        return compile_fx_inner(graph, inputs, **kwargs)
+        # Runs when the graph is compiled (the backward lazily, at its first
+        # call), so the settings are applied here rather than around compile_fx.
+        with inductor_config.patch(INDUCTOR_SETTINGS):
+            return compile_fx_inner(graph, inputs, **kwargs)
 
     return compile_fx(gm, example_inputs, inner_compile=inner)
 

@@ -82,6 +82,10 @@ def cpu_step_peak(step: Callable[[], Any]) -> int:
             events = json.load(f)["traceEvents"]
     finally:
         os.unlink(path)
-    totals = [e["args"]["Total Allocated"] for e in events if e.get("name") == "[memory]"
-              and e.get("args", {}).get("Device Type", 0) == 0]
-    return max(totals, default=0)
+    memory = [e["args"] for e in events if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0]
+    if not memory:
+        return 0
+    # "Total Allocated" counts from where an earlier profiling session left
+    # off; the first event tells where this one started.
+    start = memory[0]["Total Allocated"] - memory[0]["Bytes"]
+    return max(0, max(m["Total Allocated"] for m in memory) - start)
