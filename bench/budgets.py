@@ -16,7 +16,6 @@ import contextlib
 import datetime as dt
 import json
 import pathlib
-import statistics
 import time
 from collections.abc import Callable
 
@@ -26,6 +25,7 @@ import remat
 from bench.models import build
 from remat.errors import GIB
 from remat.measure import step_peak, tensor_bytes
+from remat.passes.profile import time_call
 
 CUDA_SIZE = {"layers": 12, "d_model": 1024, "heads": 16, "seq": 2048, "vocab": 32000, "batch": 8}
 SMOKE_SIZE = {"layers": 2, "d_model": 64, "heads": 4, "seq": 64, "vocab": 256, "batch": 4}
@@ -36,25 +36,6 @@ def autocast(device: str) -> contextlib.AbstractContextManager:
     if device == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
-
-
-def step_seconds(step: Callable[[], None], device: str, steps: int) -> float:
-    for _ in range(2):
-        step()
-    samples = []
-    for _ in range(steps):
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            torch.cuda.synchronize()
-            samples.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            step()
-            samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
 
 
 def measure(name: str, model: torch.nn.Module, run: Callable, inputs: tuple, device: str, steps: int) -> dict:
@@ -69,7 +50,8 @@ def measure(name: str, model: torch.nn.Module, run: Callable, inputs: tuple, dev
     compile_s = time.perf_counter() - t0
     model.zero_grad(set_to_none=True)
     peak = step_peak(step, device) + tensor_bytes([*model.parameters(), *model.buffers(), *inputs])
-    return {"policy": name, "peak_bytes": peak, "step_ms": step_seconds(step, device, steps) * 1e3,
+    seconds = time_call(step, torch.device(device), steps)  # median after a warm-up step
+    return {"policy": name, "peak_bytes": peak, "step_ms": seconds * 1e3,
             "compile_s": round(compile_s, 2)}
 
 
