@@ -25,6 +25,7 @@ import remat
 from bench.models import build
 from remat.errors import GIB
 from remat.measure import step_peak, tensor_bytes
+from remat.passes import torch_adapter as adapter
 from remat.passes.profile import time_call
 
 CUDA_SIZE = {"layers": 12, "d_model": 1024, "heads": 16, "seq": 2048, "vocab": 32000, "batch": 8}
@@ -58,13 +59,13 @@ def measure(name: str, model: torch.nn.Module, run: Callable, inputs: tuple, dev
 def run_all(device: str, size: dict, steps: int) -> list[dict]:
     model, inputs = build("gpt", device=device, **size)
     rows = [measure("torch.compile default", model, torch.compile(model), inputs, device, steps)]
-    torch._dynamo.reset()
+    adapter.reset_compiled()
     with autocast(device):
         top = remat.plan(model, *inputs)
     high = top.store_all_peak_bytes / (1 - top.headroom)
     for fraction in FRACTIONS:
         budget = top.min_feasible_bytes + fraction * (high - top.min_feasible_bytes)
-        torch._dynamo.reset()
+        adapter.reset_compiled()
         compiled = remat.compile(model, budget_gb=budget / GIB)
         row = measure(f"remat budget {budget / GIB:.3f} GiB", model, compiled, inputs, device, steps)
         rep = remat.reports(compiled)[0]

@@ -89,9 +89,9 @@ def realized_peak(forward: fx.GraphModule, backward: fx.GraphModule) -> int:
     fw_end = walk(forward.graph, live, keys, 0, "fw")
     saved = {n.name for n in backward.graph.find_nodes(op="placeholder")}
     for node in backward.graph.find_nodes(op="placeholder"):
-        if node.name not in keys:  # tangents and other backward-only inputs
+        if node.name not in keys:  # tangents and other backward-only inputs arrive with it
             keys[node.name] = f"bw-in:{node.name}"
-            live.allocate(keys[node.name], storage_bytes(node.meta.get("val")), 0)
+            live.allocate(keys[node.name], storage_bytes(node.meta.get("val")), fw_end)
     end = walk(backward.graph, live, keys, fw_end, "bw")
     last = max(end - 1, 0)
     for node in forward.graph.find_nodes(op="placeholder"):

@@ -129,6 +129,9 @@ class Planner:
         return [p.report for p in self.plans]
 
     def choose(self, joint_graph: fx.Graph, node_info: adapter.NodeInfo) -> list[fx.Node]:
+        # A plan holds for the sizes it was made at: under a budget, dynamic
+        # sizes are pinned (guarded), so another size compiles and plans anew.
+        specialized = self.options.budget_bytes is not None and adapter.specialize_sizes(joint_graph)
         t0 = time.perf_counter()
         costs = profile_graph(joint_graph, mode=self.options.profile, cache=self.cache)
         problem = build_problem(joint_graph, node_info, costs, fusion=self.options.compiler == "inductor")
@@ -140,6 +143,8 @@ class Planner:
         report = make_report(problem, plan, store_all, lowest, score_min_cut(problem, min_cut_saved), self.options)
         report.profile_seconds, report.min_cut_seconds = profile_seconds, min_cut_seconds
         report.min_feasible_solve_seconds = lowest.solve_seconds
+        if specialized:
+            report.notes.append("dynamic sizes pinned: each new size is planned under the budget again")
         forward = {n.name for n in joint_graph.nodes if node_info.is_required_fw(n)}
         random = {n.name for n in joint_graph.nodes if costs.get(n.name) and costs[n.name].kind == "random"}
         self.plans.append(GraphPlan(problem, plan, report, forward, random))
@@ -149,13 +154,31 @@ class Planner:
         return nodes_to_save(joint_graph, node_info, plan)
 
     def on_graph(self, gm: fx.GraphModule, kind: str) -> None:
-        """Called with each partitioned graph before it is compiled."""
-        if not self.plans:
+        """Called with each partitioned graph before it is compiled.
+
+        With graph breaks every forward compiles before any backward, and the
+        backwards come in reverse order: a backward is matched to the plan
+        whose forward hands over the values it reads.
+        """
+        plan = owner_of(gm, kind, self.plans)
+        if plan is None:
             return  # an inference graph: nothing was planned
-        plan = self.plans[-1]
         plan.graphs[kind] = gm
-        if kind == "backward" and "forward" in plan.graphs:
+        if kind == "backward":
             check_realized(plan, self.options)
+
+
+def owner_of(gm: fx.GraphModule, kind: str, plans: list[GraphPlan]) -> GraphPlan | None:
+    """The latest plan still waiting for a graph of this kind that fits it."""
+    waiting = [p for p in plans if kind not in p.graphs and (kind == "forward" or "forward" in p.graphs)]
+    if kind == "forward":
+        return waiting[-1] if waiting else None
+    reads = {n.name for n in gm.graph.find_nodes(op="placeholder") if not adapter.is_tangent(n)}
+    for plan in reversed(waiting):
+        handed = {n.name for n in plan.graphs["forward"].graph.find_nodes(op="output")[0].all_input_nodes}
+        if reads <= handed:
+            return plan
+    return None
 
 
 def check_realized(plan: GraphPlan, options: Options) -> None:

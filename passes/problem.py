@@ -286,6 +286,15 @@ def apply_fusion(node: fx.Node, field: dict, costs: dict[str, NodeCost], order: 
             field["fused_in_forward"] = True
 
 
+def placeholder_value(node: fx.Node, cost: NodeCost, order: Order) -> Value:
+    """Graph inputs live throughout; the gradients of the outputs arrive with the backward."""
+    if adapter.is_tangent(node):
+        first_backward = len(order.forward)
+        return Value(name=node.name, kind=Kind.BACKWARD, bytes=cost.bytes, produced=min(first_backward, order.last),
+                     last_use=order.last, op="tangent")
+    return Value(name=node.name, kind=Kind.INPUT, bytes=cost.bytes, produced=0, last_use=order.last, op="input")
+
+
 def build_problem(graph: fx.Graph, node_info: adapter.NodeInfo, costs: dict[str, NodeCost], *,
                   fusion: bool = False) -> Problem:
     """The whole joint graph as plain data for the solvers.
@@ -312,10 +321,7 @@ def build_problem(graph: fx.Graph, node_info: adapter.NodeInfo, costs: dict[str,
             fields[node]["keep_operands"] = keep_operands(node, fields, by_name)
         if fusion:
             apply_fusion(node, fields[node], costs, order, outputs)
-    inputs = [
-        Value(name=n.name, kind=Kind.INPUT, bytes=costs[n.name].bytes, produced=0, last_use=order.last, op="input")
-        for n in graph.find_nodes(op="placeholder") if n.name in costs
-    ]
+    inputs = [placeholder_value(n, costs[n.name], order) for n in graph.find_nodes(op="placeholder") if n.name in costs]
     values = inputs + [Value(**f) for f in fields.values()]
     workspace = tuple(costs[n.name].workspace if n.name in costs else 0 for n in order.steps)
     return Problem(values=tuple(values), num_forward_steps=len(order.forward), num_steps=len(order.steps),

@@ -86,10 +86,19 @@ def storage_bytes(val: Any) -> int:
     """Bytes of the storage a tensor needs (its furthest element, not numel)."""
     if not isinstance(val, torch.Tensor):
         return 0
-    if val.numel() == 0:
+    shape = [hint(s) for s in val.shape]
+    if 0 in shape:
         return 0
-    span = 1 + sum((int(s) - 1) * abs(int(st)) for s, st in zip(val.shape, val.stride()))
-    return (span + int(val.storage_offset())) * val.element_size()
+    span = 1 + sum((s - 1) * abs(hint(st)) for s, st in zip(shape, val.stride()))
+    return (span + hint(val.storage_offset())) * val.element_size()
+
+
+def hint(size: int | torch.SymInt) -> int:
+    """A symbolic size's example value, read without adding a guard."""
+    if isinstance(size, torch.SymInt):
+        node_hint = size.node.hint
+        return int(node_hint) if node_hint is not None else 1
+    return int(size)
 
 
 def node_kind(node: fx.Node) -> str:
@@ -156,9 +165,9 @@ def concrete(val: Any) -> Any:
         return type(val.node.hint)(val.node.hint) if val.node.hint is not None else 1
     if not isinstance(val, torch.Tensor):
         return val
-    shape = [int(concrete(s)) for s in val.shape]
-    stride = [int(concrete(s)) for s in val.stride()]
-    offset = int(concrete(val.storage_offset()))
+    shape = [hint(s) for s in val.shape]
+    stride = [hint(s) for s in val.stride()]
+    offset = hint(val.storage_offset())
     span = offset + 1 + sum((s - 1) * abs(st) for s, st in zip(shape, stride)) if all(shape) else 0
     flat = torch.empty(span, dtype=val.dtype, device=val.device)
     if val.dtype.is_floating_point or val.dtype.is_complex:

@@ -138,6 +138,26 @@ def real_tensors() -> Iterator[None]:
         yield
 
 
+def specialize_sizes(graph: fx.Graph) -> bool:
+    """Guard every symbolic input size on its current value; whether there were any."""
+    found = False
+    for node in graph.find_nodes(op="placeholder"):
+        val = node.meta.get("val")
+        sizes = [*val.shape, *val.stride()] if isinstance(val, torch.Tensor) else [val]
+        for size in sizes:
+            if isinstance(size, torch.SymInt):
+                int(size)  # guards: dynamo recompiles for another value
+                found = True
+    return found
+
+
+def reset_compiled() -> None:
+    """Forget every compiled graph, so the next call captures and plans again."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+
+
 def is_tangent(node: fx.Node) -> bool:
     return node.op == "placeholder" and "tangents" in str(node.target)
 

@@ -132,3 +132,47 @@ def test_solvers_package_imports_no_torch() -> None:
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             assert not any(n.split(".")[0] == "torch" for n in names), path
+
+
+class _TwoGraphs(torch.nn.Module):
+    """A graph break in the middle: dynamo makes two graphs, each planned."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(32, 64), torch.nn.Linear(64, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.a(x))
+        torch._dynamo.graph_break()
+        return self.b(h).sum()
+
+
+def test_graph_break_gives_one_report_per_graph_and_equal_grads() -> None:
+    model, x = _TwoGraphs(), torch.randn(16, 32)
+    reference = copy.deepcopy(model)
+    reference(x).backward()
+    compiled = remat.compile(model, budget_gb=0.01, compiler="eager")
+    compiled(x).backward()
+    reports = remat.reports(compiled)
+    assert len(reports) == 2
+    assert all(r.realized_peak_bytes <= r.predicted_peak_bytes <= r.planned_budget_bytes for r in reports)
+    for p, p_ref in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, p_ref.grad)
+
+
+def test_no_grad_calls_pass_through() -> None:
+    model, inputs = build("gpt")
+    compiled = remat.compile(model, budget_gb=1, compiler="eager")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*inputs), model(*inputs))
+    assert remat.reports(compiled) == []
+
+
+def test_dynamic_sizes_are_planned_per_size_under_a_budget() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 1))
+    compiled = remat.compile(model, budget_gb=0.01, compiler="eager", dynamic=True)
+    for rows in (8, 16, 24):
+        compiled(torch.randn(rows, 32)).sum().backward()
+    reports = remat.reports(compiled)
+    assert len(reports) == 3 and len({r.predicted_peak_bytes for r in reports}) == 3
+    assert all("dynamic sizes pinned" in " ".join(r.notes) for r in reports)
