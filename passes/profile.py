@@ -177,10 +177,16 @@ def concrete(val: Any) -> Any:
     return flat.as_strided(shape, stride, offset)
 
 
-def materialize_args(node: fx.Node) -> tuple[tuple, dict]:
+def materialize_args(node: fx.Node, *, meta: bool = False) -> tuple[tuple, dict]:
+    """Real arguments for ``node`` (or, with ``meta``, storage-free ones: nothing runs)."""
+
     def real(arg: Any) -> Any:
         if isinstance(arg, fx.Node):
-            return concrete(arg.meta.get("val"))
+            val = arg.meta.get("val")
+            if meta and isinstance(val, torch.Tensor):
+                return torch.empty_strided([hint(s) for s in val.shape], [hint(s) for s in val.stride()],
+                                           dtype=val.dtype, device="meta")
+            return concrete(val)
         return arg
 
     return tree_map(real, node.args), tree_map(real, node.kwargs)
@@ -293,7 +299,7 @@ def op_cost(node: fx.Node, mode: Mode, device: torch.device, cache: TimingCache,
     if result is None:
         flops = 0.0
         try:
-            args, kwargs = materialize_args(node)
+            args, kwargs = materialize_args(node, meta=True)
             flops = count_flops(lambda: node.target(*args, **kwargs))
         except Exception as exc:
             log.debug("no FLOP count for %s: %s", node.name, exc)

@@ -176,3 +176,28 @@ def test_dynamic_sizes_are_planned_per_size_under_a_budget() -> None:
     reports = remat.reports(compiled)
     assert len(reports) == 3 and len({r.predicted_peak_bytes for r in reports}) == 3
     assert all("dynamic sizes pinned" in " ".join(r.notes) for r in reports)
+
+
+@pytest.mark.parametrize("solver", ["ilp", "ilp-cbc", "greedy", "store-all", "recompute-all"])
+def test_every_solver_plans_through_the_api(solver: str) -> None:
+    model, inputs = build("gpt")
+    top = remat.plan(model, *inputs, compiler="eager")
+    budget = budget_between(top, 1.0)  # store-all fits: every solver has a plan
+    report = remat.plan(model, *inputs, compiler="eager", solver=solver, budget_gb=budget)
+    assert report.solver.startswith(solver.split("-")[0]) or report.solver == solver
+    assert report.predicted_peak_bytes <= report.planned_budget_bytes
+
+
+def test_ilp_never_slower_than_the_baselines_under_the_same_budget() -> None:
+    model, inputs = build("gpt")
+    budget = budget_between(remat.plan(model, *inputs, compiler="eager"), 1.0)
+    overhead = {s: remat.plan(model, *inputs, compiler="eager", solver=s, budget_gb=budget).predicted_overhead_seconds
+                for s in ("ilp", "greedy", "store-all")}
+    assert overhead["ilp"] <= min(overhead.values()) + 1e-12
+
+
+def test_analytic_profile_plans_without_running_ops() -> None:
+    model, inputs = build("gpt")
+    report = remat.plan(model, *inputs, compiler="eager", profile="analytic")
+    matmuls = [n for n in report.nodes if n.op in ("aten.mm.default", "aten.addmm.default")]
+    assert matmuls and all(n.flops > 0 and n.seconds > 0 for n in matmuls)
