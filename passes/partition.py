@@ -199,6 +199,10 @@ def check_realized(plan: GraphPlan, options: Options) -> None:
             f"realized graphs peak at {peak} bytes, above the predicted {plan.report.predicted_peak_bytes}"
         )
         log.warning(plan.report.notes[-1])
+        budget = options.budget_bytes
+        if budget is not None and peak > budget:  # op by op, this peak is the one the step will reach
+            raise PlanError(f"the partitioned graphs would peak at {peak} bytes, over the budget of {budget}; "
+                            f"please report this graph, and meanwhile pass headroom= to plan below the budget")
 
 
 def make_report(problem: Problem, plan: Solution, store_all: Solution, lowest: Solution,
