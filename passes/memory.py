@@ -56,7 +56,7 @@ def walk(graph: fx.Graph, live: Liveness, keys: dict[str, str], first_step: int,
         for arg in node.all_input_nodes:
             if arg.name in keys:
                 live.touch(keys[arg.name], step)
-        base = first_tensor_arg(node) if is_alias(node) else None
+        base = aliased(node)
         if base is not None and base.name in keys:
             keys[node.name] = keys[base.name]
             live.touch(keys[node.name], step)
@@ -68,6 +68,17 @@ def walk(graph: fx.Graph, live: Liveness, keys: dict[str, str], first_step: int,
             live.allocate(f"{prefix}-scratch:{node.name}", cost.workspace, step)
         step += 1
     return step
+
+
+def aliased(node: fx.Node) -> fx.Node | None:
+    """The node whose storage ``node`` shares: a view's input, or for an
+    element of split / unbind, the input of that op."""
+    if is_alias(node):
+        return first_tensor_arg(node)
+    parent = node.args[0] if node.target is operator.getitem else None
+    if isinstance(parent, fx.Node) and is_alias(parent):
+        return parent
+    return None
 
 
 def allocated_at(node: fx.Node, step: int, step_of: dict[str, int]) -> int:
