@@ -24,7 +24,7 @@ class NodeRow:
     reason: str
 
 
-@dataclass
+@dataclass(repr=False)
 class Report:
     """What remat planned for one graph, and what it predicts."""
 
@@ -71,6 +71,11 @@ class Report:
 
     def to_json(self, **kwargs: object) -> str:
         return json.dumps(self.to_dict(), **kwargs)
+
+    def __repr__(self) -> str:
+        return (f"Report(budget={format_bytes(self.budget_bytes)}, predicted_peak={format_bytes(self.predicted_peak_bytes)}, "
+                f"store_all_peak={format_bytes(self.store_all_peak_bytes)}, recomputed={len(self.recomputed)}, "
+                f"solver={self.solver!r}, status={self.solver_status!r}, nodes={len(self.nodes)})")
 
     def summary(self) -> str:
         """A few lines for a terminal."""

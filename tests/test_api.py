@@ -201,3 +201,9 @@ def test_analytic_profile_plans_without_running_ops() -> None:
     report = remat.plan(model, *inputs, compiler="eager", profile="analytic")
     matmuls = [n for n in report.nodes if n.op in ("aten.mm.default", "aten.addmm.default")]
     assert matmuls and all(n.flops > 0 and n.seconds > 0 for n in matmuls)
+
+
+def test_report_repr_is_one_line() -> None:
+    model, inputs = build("gpt")
+    text = repr(remat.plan(model, *inputs, compiler="eager"))
+    assert text.startswith("Report(budget=none, predicted_peak=") and "\n" not in text and len(text) < 300
