@@ -10,11 +10,10 @@ from typing import Any, TypeVar
 import torch
 
 from remat.passes import torch_adapter as adapter
-
 from remat.passes.partition import PlanComplete
 
 from .backend import _BACKEND_REPORTS, RematBackend
-from .errors import BudgetError
+from .errors import BudgetError, PlanError
 from .options import Options
 from .report import Report
 
@@ -52,7 +51,7 @@ def raising_budget_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         except Exception as exc:
             inner = adapter.unwrap_backend_error(exc)
-            if isinstance(inner, (BudgetError, ValueError, TypeError)):
+            if isinstance(inner, (BudgetError, PlanError, ValueError, TypeError)):
                 raise inner from None
             raise
 
