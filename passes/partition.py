@@ -58,9 +58,12 @@ def solve(problem: Problem, options: Options) -> tuple[Solution, Solution, Solut
     lowest = min(solvers.min_peak(problem, config=config), store_all, key=lambda s: s.peak_bytes)
     if budget is not None and budget < lowest.peak_bytes:
         raise infeasible(problem, options.budget_bytes, lowest, options.headroom_fraction)
+    # No plan holds more than keeping everything: a budget at or above that
+    # peak (or none) is never binding, and every such budget gets one plan.
+    cap = store_all.peak_bytes if budget is None else min(budget, store_all.peak_bytes)
     solver = solvers.get(options.solver)
     kwargs = {"config": config} if options.solver.startswith("ilp") else {}
-    plan = solver.solve(problem, budget, **kwargs)
+    plan = solver.solve(problem, cap, **kwargs)
     if budget is not None and plan.peak_bytes > budget:
         raise PlanError(f"solver {plan.solver} returned a plan over budget; please report this graph")
     return plan, store_all, lowest

@@ -207,3 +207,13 @@ def test_report_repr_is_one_line() -> None:
     model, inputs = build("gpt")
     text = repr(remat.plan(model, *inputs, compiler="eager"))
     assert text.startswith("Report(budget=none, predicted_peak=") and "\n" not in text and len(text) < 300
+
+
+def test_budgets_at_or_above_store_all_give_the_unlimited_plan() -> None:
+    model, inputs = build("gpt")
+    free = remat.plan(model, *inputs, compiler="eager")
+    at_store_all = budget_between(free, 1.0)
+    for budget in (at_store_all, 2 * at_store_all, float("inf")):
+        report = remat.plan(model, *inputs, compiler="eager", budget_gb=budget)
+        assert report.saved == free.saved and report.recomputed == free.recomputed
+        assert report.predicted_peak_bytes <= report.store_all_peak_bytes
