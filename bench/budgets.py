@@ -23,7 +23,7 @@ import torch
 
 import remat
 from bench.models import build
-from remat.errors import GIB
+from remat.errors import GIB, format_bytes
 from remat.measure import step_peak, tensor_bytes
 from remat.passes import torch_adapter as adapter
 from remat.passes.profile import time_call
@@ -67,7 +67,7 @@ def run_all(device: str, size: dict, steps: int) -> list[dict]:
         budget = top.min_feasible_bytes + fraction * (high - top.min_feasible_bytes)
         adapter.reset_compiled()
         compiled = remat.compile(model, budget_gb=budget / GIB)
-        row = measure(f"remat budget {budget / GIB:.3f} GiB", model, compiled, inputs, device, steps)
+        row = measure(f"remat at {fraction:.0%} from smallest to store-all", model, compiled, inputs, device, steps)
         rep = remat.reports(compiled)[0]
         row.update(budget_bytes=rep.budget_bytes, predicted_peak_bytes=rep.predicted_peak_bytes,
                    solve_seconds=round(rep.solve_seconds, 3), within_budget=row["peak_bytes"] <= rep.budget_bytes)
@@ -79,9 +79,9 @@ def run_all(device: str, size: dict, steps: int) -> list[dict]:
 
 
 def markdown(rows: list[dict]) -> str:
-    out = "| policy | peak GiB | budget GiB | predicted GiB | within budget | step ms | vs default | compile s |\n"
+    out = "| policy | measured peak | budget | predicted peak | within budget | step ms | vs default | compile s |\n"
     out += "|---|---|---|---|---|---|---|---|\n"
-    gib = lambda b: "" if b is None else f"{b / GIB:.3f}"  # noqa: E731
+    gib = lambda b: "" if b is None else format_bytes(b)  # noqa: E731
     for r in rows:
         out += (f"| {r['policy']} | {gib(r['peak_bytes'])} | {gib(r.get('budget_bytes'))} "
                 f"| {gib(r.get('predicted_peak_bytes'))} | {r.get('within_budget', '')} | {r['step_ms']:.1f} "
