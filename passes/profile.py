@@ -65,8 +65,8 @@ class NodeCost:
     bytes: int  # storage bytes the node allocates (0 when it aliases ``alias_of``)
     flops: float
     seconds: float
-    workspace: int  # scratch bytes beyond inputs and outputs (CUDA only)
-    kind: str  # input | view | random | matmul | pointwise | other | getitem | tuple
+    workspace: int  # scratch bytes beyond inputs and outputs, at the op's own peak
+    kind: str  # input | view | random | matmul | reduction | pointwise | other | getitem | tuple
     alias_of: str | None = None
     measured: bool = False
 
