@@ -9,12 +9,11 @@ compares this with the plan's prediction: the self-check of DESIGN.md.
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass, field
 
 import torch.fx as fx
 
-from .profile import first_tensor_arg, is_alias, storage_bytes
+from .profile import multi_output_parent, storage_base, storage_bytes
 
 
 @dataclass
@@ -56,7 +55,7 @@ def walk(graph: fx.Graph, live: Liveness, keys: dict[str, str], first_step: int,
         for arg in node.all_input_nodes:
             if arg.name in keys:
                 live.touch(keys[arg.name], step)
-        base = aliased(node)
+        base = storage_base(node)
         if base is not None and base.name in keys:
             keys[node.name] = keys[base.name]
             live.touch(keys[node.name], step)
@@ -70,21 +69,10 @@ def walk(graph: fx.Graph, live: Liveness, keys: dict[str, str], first_step: int,
     return step
 
 
-def aliased(node: fx.Node) -> fx.Node | None:
-    """The node whose storage ``node`` shares: a view's input, or for an
-    element of split / unbind, the input of that op."""
-    if is_alias(node):
-        return first_tensor_arg(node)
-    parent = node.args[0] if node.target is operator.getitem else None
-    if isinstance(parent, fx.Node) and is_alias(parent):
-        return parent
-    return None
-
-
 def allocated_at(node: fx.Node, step: int, step_of: dict[str, int]) -> int:
     """Outputs of a multi-output op exist from the op's step, not their ``getitem``'s."""
-    parent = node.args[0] if node.target is operator.getitem else None
-    return step_of.get(parent.name, step) if isinstance(parent, fx.Node) else step
+    parent = multi_output_parent(node)
+    return step_of.get(parent.name, step) if parent is not None else step
 
 
 def outputs_of(graph: fx.Graph) -> list[fx.Node]:

@@ -10,7 +10,6 @@ forward values the backward reads.
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -21,7 +20,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 from remat.solvers.problem import Kind, Problem, Value
 
 from . import torch_adapter as adapter
-from .profile import DevicePeaks, NodeCost, device_of
+from .profile import DevicePeaks, NodeCost, device_of, multi_output_parent
 
 # Recomputing a pointwise op that Inductor fuses into its consumer costs a
 # fraction of running it alone: its inputs are read anyway, its output is
@@ -48,7 +47,7 @@ def fixed_order(graph: fx.Graph, node_info: adapter.NodeInfo) -> Order:
     forward = {n for n in ops if node_info.is_required_fw(n)}
     # An output of a forward op that only the backward reads (layer norm's
     # mean and rstd) exists once the forward op ran: it is a forward value.
-    forward |= {n for n in ops if n.target is operator.getitem and n.args[0] in forward}
+    forward |= {n for n in ops if multi_output_parent(n) in forward}
     fwd = [n for n in ops if n in forward]
     steps = fwd + backward_order([n for n in ops if n not in forward], graph)
     return Order(steps, {n: i for i, n in enumerate(steps)}, forward)
@@ -180,8 +179,8 @@ def widen_need(base: dict, start: int, end: int) -> None:
 
 
 def recompute_ban(node: fx.Node, cost: NodeCost, costs: dict[str, NodeCost]) -> str | None:
-    parent = node.args[0] if node.target is operator.getitem else None
-    if isinstance(parent, fx.Node) and parent.name in costs:  # an output of a multi-output op
+    parent = multi_output_parent(node)
+    if parent is not None and parent.name in costs:  # an output of a multi-output op
         return recompute_ban(parent, costs[parent.name], costs)
     if cost.kind == "random":
         return "random op: recomputing it would draw new random numbers"
@@ -268,8 +267,8 @@ def fused_away(node: fx.Node, costs: dict[str, NodeCost], order: Order, outputs:
 
 def produced_at(node: fx.Node, order: Order) -> int:
     """An element of a multi-output op is allocated by the op, not by ``getitem``."""
-    parent = node.args[0] if node.target is operator.getitem else None
-    if isinstance(parent, fx.Node) and parent in order.step_of:
+    parent = multi_output_parent(node)
+    if parent is not None and parent in order.step_of:
         return order.step_of[parent]
     return order.step_of[node]
 

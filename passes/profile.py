@@ -152,6 +152,22 @@ def is_alias(node: fx.Node) -> bool:
     return adapter.OP_TYPES.is_view(node)
 
 
+def multi_output_parent(node: fx.Node) -> fx.Node | None:
+    """The multi-output op whose element ``node`` (a ``getitem``) picks, if any."""
+    if node.target is operator.getitem and isinstance(node.args[0], fx.Node):
+        return node.args[0]
+    return None
+
+
+def storage_base(node: fx.Node) -> fx.Node | None:
+    """The node whose storage ``node`` shares: a view's input, or, for an
+    element of split / unbind / chunk, that op (itself a view of its input)."""
+    if is_alias(node):
+        return first_tensor_arg(node)
+    parent = multi_output_parent(node)
+    return parent if parent is not None and is_alias(parent) else None
+
+
 def first_tensor_arg(node: fx.Node) -> fx.Node | None:
     for arg in node.all_input_nodes:
         if isinstance(arg.meta.get("val"), torch.Tensor):
@@ -312,15 +328,12 @@ def annotate(node: fx.Node, mode: Mode, device: torch.device, cache: TimingCache
              repeats: int) -> NodeCost:
     kind = node_kind(node)
     val = node.meta.get("val")
-    if kind == "getitem" and isinstance(node.args[0], fx.Node) and is_alias(node.args[0]):
-        # an element of split / unbind / chunk: a view of the op's input
-        return NodeCost(bytes=0, flops=0.0, seconds=0.0, workspace=0, kind="view", alias_of=node.args[0].name)
+    base = storage_base(node) if node.op == "call_function" else None
+    if base is not None or kind == "view":
+        return NodeCost(bytes=0, flops=0.0, seconds=0.0, workspace=0, kind="view",
+                        alias_of=base.name if base is not None else None)
     if kind in ("input", "getitem") or node.op != "call_function":
         return NodeCost(bytes=storage_bytes(val), flops=0.0, seconds=0.0, workspace=0, kind=kind)
-    if kind == "view":
-        base = first_tensor_arg(node)
-        return NodeCost(bytes=0, flops=0.0, seconds=0.0, workspace=0, kind=kind,
-                        alias_of=base.name if base is not None else None)
     seconds, flops, workspace, measured = op_cost(node, mode, device, cache, repeats)
     return NodeCost(bytes=storage_bytes(val), flops=flops, seconds=seconds,
                     workspace=workspace, kind=kind, measured=measured)
