@@ -193,3 +193,22 @@ def unwrap_backend_error(exc: BaseException) -> BaseException | None:
     if isinstance(exc, BackendCompilerFailed):
         return exc.inner_exception
     return None
+
+
+@contextlib.contextmanager
+def torch_memory_budget(budget: float, solver: str = "dp") -> Iterator[None]:
+    """``torch.compile``'s own memory-budget partitioner, for side-by-side benchmarks.
+
+    ``budget`` is torch's fraction (1.0 = its min-cut default, 0.0 = recompute
+    all it can); ``solver`` is one of torch's: ``"dp"``, ``"greedy"``, ``"ilp"``
+    (needs scipy).
+    """
+    with functorch_config.patch(activation_memory_budget=budget, activation_memory_budget_solver=solver):
+        yield
+
+
+def torch_budget_solvers() -> list[str]:
+    """torch's memory-budget solvers usable here (its ILP needs scipy)."""
+    import importlib.util
+
+    return ["dp", "greedy"] + (["ilp"] if importlib.util.find_spec("scipy") else [])
