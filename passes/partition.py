@@ -63,8 +63,6 @@ def solve(problem: Problem, options: Options) -> tuple[Solution, Solution, Solut
     # peak (or none) is never binding, and every such budget gets one plan.
     cap = store_all.peak_bytes if budget is None else min(budget, store_all.peak_bytes)
     plan = solve_or_fall_back(problem, cap, options, config)
-    if budget is not None and plan.peak_bytes > budget:
-        raise PlanError(f"solver {plan.solver} returned a plan over budget; please report this graph")
     if plan.status is Status.FEASIBLE:
         gap = "unknown" if plan.gap is None else f"{plan.gap:.2%}"
         note = (f"time limit of {options.time_limit_s:g} s reached: the best plan found "
@@ -85,21 +83,27 @@ def smallest_peak(problem: Problem, config: solvers.ILPConfig) -> Solution:
 
 
 def solve_or_fall_back(problem: Problem, cap: int, options: Options, config: solvers.ILPConfig) -> Solution:
-    """The chosen solver's plan within ``cap``; if the solver raises, the
-    fastest cheap plan that fits, with status FALLBACK and the reason noted."""
+    """The chosen solver's plan within ``cap``; if the solver raises or its
+    plan does not fit, the fastest cheap plan that fits, with status
+    FALLBACK and the reason noted."""
     solver = solvers.get(options.solver)
     kwargs = {"config": config} if options.solver.startswith("ilp") else {}
+    cause: Exception | None = None
     try:
-        return solver.solve(problem, cap, **kwargs)
+        plan = solver.solve(problem, cap, **kwargs)
+        if plan.peak_bytes <= cap:
+            return plan
+        reason = f"solver {options.solver!r} found no plan within {format_bytes(cap)} (its plan peaks at " \
+                 f"{format_bytes(plan.peak_bytes)})"
     except Exception as exc:  # any fault inside a solver library: never lose the step over it
-        reason = f"solver {options.solver!r} failed ({type(exc).__name__}: {exc})"
-        fits = [p for p in cheap_plans(problem, cap) if p.peak_bytes <= cap]
-        if not fits:
-            raise PlanError(f"{reason}, and no cheap plan fits {format_bytes(cap)}: raise the budget, "
-                            f"or try another solver ({', '.join(solvers.available())})") from exc
-        plan = min(fits, key=lambda s: s.added_seconds)
-        log.warning("remat: %s; using the %s plan", reason, plan.solver)
-        return replace(plan, status=Status.FALLBACK, notes=(*plan.notes, f"{reason}; used the {plan.solver} plan"))
+        reason, cause = f"solver {options.solver!r} failed ({type(exc).__name__}: {exc})", exc
+    fits = [p for p in cheap_plans(problem, cap) if p.peak_bytes <= cap]
+    if not fits:
+        raise PlanError(f"{reason}, and no cheap plan fits {format_bytes(cap)}: raise the budget, "
+                        f"or try another solver ({', '.join(solvers.available())})") from cause
+    plan = min(fits, key=lambda s: s.added_seconds)
+    log.warning("remat: %s; using the %s plan", reason, plan.solver)
+    return replace(plan, status=Status.FALLBACK, notes=(*plan.notes, f"{reason}; used the {plan.solver} plan"))
 
 
 def cheap_plans(problem: Problem, budget: int) -> list[Solution]:

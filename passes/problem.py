@@ -35,7 +35,6 @@ class Order:
     steps: list[fx.Node]
     step_of: dict[fx.Node, int]
     forward: set[fx.Node]
-    direct: set[fx.Node] | None = None
 
     @property
     def last(self) -> int:
@@ -106,14 +105,12 @@ def output_nodes(graph: fx.Graph) -> set[fx.Node]:
 
 
 def need_intervals(order: Order) -> tuple[dict[fx.Node, int], dict[fx.Node, int]]:
-    """First and last backward step that may need each forward node.
+    """Earliest and latest backward step that may need each forward node.
 
-    A node v is needed at its own backward uses, and when a forward user w
-    is recomputed: at w's first direct backward use when w has one, else
-    wherever w itself is first needed. Recomputation placed just before the
-    first consumer then never happens before ``first[v]`` as long as an
-    operand u with ``first[u] > first[w]`` is kept whenever w is recomputed
-    (see ``keep_operands``); ``last[v]`` bounds the latest step it is read.
+    A node v may be needed at its own backward uses, and wherever a forward
+    user w may be recomputed: ``first[v]`` is the earliest of these over
+    every chain of users (the plan's actual start, ``solvers.model.exact_starts``,
+    is never earlier); ``last[v]`` bounds the latest step it is read.
     """
     first: dict[fx.Node, int] = {}
     last: dict[fx.Node, int] = {}
@@ -121,42 +118,13 @@ def need_intervals(order: Order) -> tuple[dict[fx.Node, int], dict[fx.Node, int]
     for node in reversed([n for n in order.steps if n in order.forward]):
         direct = uses(node, order, forward=False)
         users = [u for u in node.users if u in first]
-        starts = direct + [min(uses(u, order, forward=False)) if u in direct_users(order) else first[u] for u in users]
+        starts = direct + [first[u] for u in users]
         if not starts:
             continue
         first[node] = min(starts)
         latest_start[node] = min(direct) if direct else max(latest_start[u] for u in users)
         last[node] = max(direct + [latest_start[u] for u in users])
     return first, last
-
-
-def direct_users(order: Order) -> set[fx.Node]:
-    """Forward nodes some backward node reads."""
-    if order.direct is None:
-        order.direct = {n for n in order.forward if uses(n, order, forward=False)}
-    return order.direct
-
-
-def keep_operands(node: fx.Node, fields: dict[fx.Node, dict], by_name: dict[str, fx.Node]) -> tuple[str, ...]:
-    """Operands that must be kept, not recomputed, when ``node`` is recomputed.
-
-    Recomputing both would need the operand before its modelled interval.
-    A view costs nothing to recompute early; the rule then applies to its base.
-    """
-    start = fields[node].get("need_start")
-    if start is None:
-        return ()
-    late: list[str] = []
-    stack = list(fields[node]["operands"])
-    while stack:
-        operand = fields.get(by_name[stack.pop()], {})
-        if operand.get("need_start") is None or operand["need_start"] <= start:
-            continue
-        if not operand["savable"]:  # a view costs nothing to recompute early: its base must be there
-            stack.extend(operand["operands"])
-        elif operand["name"] not in late:
-            late.append(operand["name"])
-    return tuple(late)
 
 
 def fold_aliases(values: dict[fx.Node, dict], owners: dict[fx.Node, fx.Node]) -> None:
@@ -191,7 +159,29 @@ def recompute_ban(node: fx.Node, cost: NodeCost, costs: dict[str, NodeCost]) -> 
         return "mutates its input"
     if "c10d" in str(node.target):
         return "collective"
+    if functionalized_inplace(node):
+        return "functionalized in-place op: the step writes new values into the inputs it reads"
+    mutated = [a.name for a in node.all_input_nodes if a.op == "placeholder" and mutated_in_graph(a)]
+    if mutated:  # the backward would read the input after the step changed it
+        return f"reads {mutated[0]}, an input the step mutates (a buffer such as BatchNorm's running stats)"
     return None
+
+
+def functionalized_inplace(node: fx.Node) -> bool:
+    """An op like ``_native_batch_norm_legit_functional``: the step copies some of
+    its outputs (new running stats) into inputs it read, so a rerun in the
+    backward would read changed inputs (and autograd refuses the saved input)."""
+    overload = str(node.target).split(".")
+    return len(overload) >= 2 and overload[-2].endswith("_functional")
+
+
+def mutated_in_graph(placeholder: fx.Node) -> bool:
+    """Whether an op of the graph writes into this graph input."""
+    for user in placeholder.users:
+        schema = getattr(user.target, "_schema", None)
+        if schema is not None and schema.is_mutable and user.args and user.args[0] is placeholder:
+            return True
+    return False
 
 
 def uses(node: fx.Node, order: Order, *, forward: bool) -> list[int]:
@@ -224,6 +214,7 @@ def forward_fields(node: fx.Node, costs: dict[str, NodeCost], order: Order, outp
         "need_start": first.get(node),
         "need_end": last.get(node),
         "direct_need": bool(uses(node, order, forward=False)),
+        "direct_start": min(uses(node, order, forward=False), default=None),
         "operands": tuple(a.name for a in node.all_input_nodes if a in order.forward),
         "recompute_ban": recompute_ban(node, cost, costs),
         "savable": is_tensor(node) and cost.kind != "view"
@@ -316,8 +307,6 @@ def build_problem(graph: fx.Graph, node_info: adapter.NodeInfo, costs: dict[str,
     owners = {n: storage_owner(n, costs, by_name) for n in fields}
     fold_aliases(fields, owners)
     for node in fields:
-        if node in order.forward:
-            fields[node]["keep_operands"] = keep_operands(node, fields, by_name)
         if fusion:
             apply_fusion(node, fields[node], costs, order, outputs)
     inputs = [placeholder_value(n, costs[n.name], order) for n in graph.find_nodes(op="placeholder") if n.name in costs]

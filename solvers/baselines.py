@@ -12,7 +12,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from .errors import InvalidPlan
-from .model import Interval, clip, keep_interval, recomputable, recompute_interval
+from .model import (
+    Interval,
+    candidate_users,
+    clip,
+    direct_start,
+    exact_starts,
+    keep_interval,
+    recomputable,
+    recompute_interval,
+)
 from .problem import Problem, Value
 from .simulate import canonical, evaluate
 from .solution import Solution
@@ -79,6 +88,7 @@ class _Move:
     name: str
     new_saved: tuple[str, ...]
     new_recomputed: tuple[str, ...]
+    starts: tuple[tuple[str, int], ...]  # where each newly recomputed value is first needed
     deltas: tuple[tuple[Interval | None, int], ...]  # (interval, bytes added)
 
 
@@ -91,6 +101,19 @@ class _Greedy:
         self.saved = set(plan.saved)
         self.recomputed = set(plan.recomputed)
         self.mem = list(plan.timeline)
+        self.users = candidate_users(problem)
+        self.starts = exact_starts(problem, self.recomputed)
+
+    def start_of(self, value: Value, extra: tuple[int, ...] = ()) -> int | None:
+        """Where ``value`` would first be needed if recomputed now."""
+        times = [direct_start(value), *extra, *(self.starts[w] for w in self.users[value.name] if w in self.starts)]
+        times = [t for t in times if t is not None]
+        return min(times) if times else value.need_start
+
+    def shifts(self, value: Value, start: int) -> bool:
+        """Recomputing ``value`` at ``start`` would move an already recomputed
+        operand earlier: a change this move's deltas do not describe."""
+        return any(self.starts.get(u, -1) > start for u in value.operands)
 
     def move(self, value: Value) -> _Move | None:
         """The move for ``value``, or None when it is not kept or cannot be recomputed."""
@@ -98,12 +121,16 @@ class _Greedy:
             return None
         if self.blocked(value):
             return None
-        deltas = [(keep_interval(value), -value.bytes), (recompute_interval(value), value.held_when_recomputed)]
+        start = self.start_of(value)
+        if start is None or self.shifts(value, start):
+            return None
+        deltas = [(keep_interval(value), -value.bytes),
+                  (recompute_interval(value, start), value.held_when_recomputed)]
         new_saved: list[str] = []
-        new_recomputed = [value.name]
-        stack = [(u, u in value.keep_operands) for u in (*value.operands, *value.keep_operands)]
+        new_recomputed, starts = [value.name], [(value.name, start)]
+        stack = [(u, u in value.keep_operands, start) for u in (*value.operands, *value.keep_operands)]
         while stack:
-            operand, must_keep = stack.pop()
+            operand, must_keep, needed_at = stack.pop()
             u = self.by_name[operand]  # recomputable: every operand is a known candidate
             if must_keep and (u.name in self.recomputed or u.name in new_recomputed):
                 return None
@@ -115,10 +142,14 @@ class _Greedy:
                 new_saved.append(u.name)
                 deltas.append((keep_interval(u), u.bytes))
             else:  # a view: recomputable, since its user is
+                view_start = self.start_of(u, (needed_at,))
+                if view_start is None or self.shifts(u, view_start):
+                    return None
                 new_recomputed.append(u.name)
-                deltas.append((recompute_interval(u), u.held_when_recomputed))
-                stack.extend((x, x in u.keep_operands) for x in (*u.operands, *u.keep_operands))
-        return _Move(value.name, tuple(new_saved), tuple(new_recomputed), tuple(deltas))
+                starts.append((u.name, view_start))
+                deltas.append((recompute_interval(u, view_start), u.held_when_recomputed))
+                stack.extend((x, x in u.keep_operands, view_start) for x in (*u.operands, *u.keep_operands))
+        return _Move(value.name, tuple(new_saved), tuple(new_recomputed), tuple(starts), tuple(deltas))
 
     def blocked(self, value: Value) -> bool:
         """A recomputed user of ``value`` needs it kept."""
@@ -137,6 +168,7 @@ class _Greedy:
         self.saved.discard(move.name)
         self.saved.update(move.new_saved)
         self.recomputed.update(move.new_recomputed)
+        self.starts.update(move.starts)
 
 
 def _pieces(

@@ -21,12 +21,15 @@ from .backends import Outcome, run_backend
 from .baselines import greedy, recompute_all, store_all
 from .errors import Infeasible, InvalidPlan, NoPlanFound
 from .model import (
+    candidate_users,
     clip,
+    exact_starts,
     fixed_diff,
     keep_interval,
     recomputable,
     recompute_interval,
     running_sum,
+    start_options,
     workspace,
 )
 from .problem import Problem, Value
@@ -52,7 +55,7 @@ class ILPConfig:
 
     backend: str = "highs"
     time_limit_s: float = 30.0
-    mip_gap: float = 1e-4
+    mip_gap: float = 1e-2
     threads: int | None = None
     msg: bool = False
 
@@ -73,7 +76,7 @@ class Model:
     prob: pulp.LpProblem
     candidates: tuple[Value, ...]  # PuLP index i -> value
     S: dict[str, pulp.LpVariable]
-    R: dict[str, pulp.LpVariable]
+    R: dict[str, list[tuple[int, pulp.LpVariable]]]  # (start step, R_v at that start) per option
     M: list[pulp.LpVariable]
     P: pulp.LpVariable
     scales: Scales
@@ -88,17 +91,23 @@ def scales_for(problem: Problem) -> Scales:
     cheapest = max(min(costs), max(costs) * _COST_SPAN) if costs else 1.0
     tau = TIE_BREAK * cheapest
     names = [v.name for v in problem.candidates()]
-    cap = max(timeline(problem, names, names), default=0)
+    earliest = {name: starts[0] for name, starts in start_options(problem).items()}
+    cap = max(timeline(problem, names, names, earliest), default=0)
     return Scales(seconds=tau, bytes=max(1.0, cap / _MEM_STEPS), peak_cap=max(cap, 1))
 
 
 def add_variables(problem: Problem, budget_bytes: int | None, scales: Scales) -> Model:
-    """S_v / R_v binaries for candidates (omitted where forced to 0), M_t, P."""
+    """S_v / R_v,k binaries for candidates (omitted where forced to 0), M_t, P.
+
+    R_v,k recomputes v with its interval starting at its k-th start option.
+    """
     prob = pulp.LpProblem("remat", pulp.LpMinimize)
     candidates = problem.candidates()
     may_recompute = recomputable(problem)
     S = {v.name: _binary(prob, f"S_{i}") for i, v in enumerate(candidates) if v.savable}
-    R = {v.name: _binary(prob, f"R_{i}") for i, v in enumerate(candidates) if v.name in may_recompute}
+    options = start_options(problem)
+    R = {v.name: [(t, _binary(prob, f"R_{i}_{k}")) for k, t in enumerate(options[v.name])]
+         for i, v in enumerate(candidates) if v.name in may_recompute}
     M = [prob.add_variable(f"M_{t}", lowBound=0) for t in range(problem.num_steps)]
     # P is the peak as a fraction of peak_cap: its cost in the objective stays
     # far above solver tolerances, which drop costs near 1e-7 (a tie-break on
@@ -125,22 +134,27 @@ def add_constraints(model: Model, problem: Problem) -> None:
 
 def _add_decision_rows(model: Model) -> None:
     for i, v in enumerate(model.candidates):
-        s, r = model.S.get(v.name), model.R.get(v.name)
-        choices = [x for x in (s, r) if x is not None]
+        s, options = model.S.get(v.name), model.R.get(v.name, [])
+        choices = ([s] if s is not None else []) + [r for _, r in options]
         if v.direct_need and not choices:
             raise InvalidPlan(f"{v.name} is needed but can be neither kept nor recomputed")
         if v.direct_need:
             model.prob += pulp.lpSum(choices) == 1, f"need_{i}"
-        elif len(choices) == 2:
+        elif len(choices) >= 2:
             model.prob += pulp.lpSum(choices) <= 1, f"keep_or_recompute_{i}"
-        if r is None:
-            continue
-        for j, u in enumerate(v.operands):
-            covered = [x for x in (model.S.get(u), model.R.get(u)) if x is not None]
-            model.prob += r - pulp.lpSum(covered) <= 0, f"operand_{i}_{j}"
+        for k, (start, r) in enumerate(options):
+            for j, u in enumerate(v.operands):
+                model.prob += r - pulp.lpSum(_ready_by(model, u, start)) <= 0, f"operand_{i}_{k}_{j}"
         for j, u in enumerate(v.keep_operands):
             kept = [model.S[u]] if u in model.S else []
-            model.prob += r - pulp.lpSum(kept) <= 0, f"keep_operand_{i}_{j}"
+            model.prob += pulp.lpSum(r for _, r in options) - pulp.lpSum(kept) <= 0, f"keep_operand_{i}_{j}"
+
+
+def _ready_by(model: Model, name: str, step: int) -> list[pulp.LpVariable]:
+    """The decisions that have ``name`` in memory at ``step``: kept, or
+    recomputed with a start at or before it."""
+    kept = [model.S[name]] if name in model.S else []
+    return kept + [r for start, r in model.R.get(name, []) if start <= step]
 
 
 def _add_memory_rows(model: Model, problem: Problem, fixed: list[int]) -> list[bool]:
@@ -154,10 +168,8 @@ def _add_memory_rows(model: Model, problem: Problem, fixed: list[int]) -> list[b
     terms: list[list[tuple[pulp.LpVariable, float]]] = [[] for _ in range(T)]
     starts = [False] * T
     for v in model.candidates:
-        decisions = (
-            (model.S.get(v.name), keep_interval(v), v.bytes),
-            (model.R.get(v.name), recompute_interval(v), v.held_when_recomputed),
-        )
+        decisions = [(model.S.get(v.name), keep_interval(v), v.bytes)]
+        decisions += [(r, recompute_interval(v, start), v.held_when_recomputed) for start, r in model.R.get(v.name, [])]
         for var, interval, nbytes in decisions:
             span = clip(interval, T)
             if var is None or span is None or nbytes == 0:
@@ -195,7 +207,7 @@ def add_objective(model: Model, objective: Objective) -> None:
     """
     model.objective = objective
     scales = model.scales
-    cost = [(model.R[v.name], v.recompute_seconds) for v in model.candidates if v.name in model.R]
+    cost = [(r, v.recompute_seconds) for v in model.candidates for _, r in model.R.get(v.name, [])]
     cost += [(model.S[v.name], v.save_seconds) for v in model.candidates if v.name in model.S]
     cost = [(x, c) for x, c in cost if c > 0]
     if objective == "peak":
@@ -291,11 +303,29 @@ def _fits(plan: Solution, budget_bytes: int | None) -> bool:
 def _warm_start(model: Model, problem: Problem, seed: Solution) -> None:
     for name, var in model.S.items():
         var.setInitialValue(1 if name in seed.saved else 0)
-    for name, var in model.R.items():
-        var.setInitialValue(1 if name in seed.recomputed else 0)
-    for var, total, w in zip(model.M, seed.timeline, workspace(problem)):
+    chosen = _seed_starts(model, problem, seed)
+    for name, options in model.R.items():
+        for start, var in options:
+            var.setInitialValue(1 if chosen.get(name) == start else 0)
+    line = timeline(problem, seed.saved, seed.recomputed, chosen)
+    for var, total, w in zip(model.M, line, workspace(problem)):
         var.setInitialValue((total - w) / model.scales.bytes)
-    model.P.setInitialValue(seed.peak_bytes / model.scales.peak_cap)
+    model.P.setInitialValue(max(line, default=0) / model.scales.peak_cap)
+
+
+def _seed_starts(model: Model, problem: Problem, seed: Solution) -> dict[str, int]:
+    """For each value the seed recomputes, the latest start option that is
+    no later than its exact start and the chosen start of any recomputed user."""
+    exact, users = exact_starts(problem, seed.recomputed), candidate_users(problem)
+    chosen: dict[str, int] = {}
+    for v in reversed(model.candidates):
+        if v.name not in exact or v.name not in model.R:
+            continue
+        limit = min([exact[v.name], *(chosen[w] for w in users[v.name] if w in chosen)])
+        fitting = [start for start, _ in model.R[v.name] if start <= limit]
+        if fitting:
+            chosen[v.name] = fitting[-1]
+    return chosen
 
 
 def _read_plan(
@@ -323,9 +353,9 @@ def _read_plan(
         reason = f"extracted plan peaks at {plan.peak_bytes} > budget {budget_bytes}"
         return _fallback(seed, name, reason)
     plan = replace(plan, bound=_bound(model, outcome), gap=outcome.gap)
-    if seed is not None and outcome.status is Status.FEASIBLE and _better(seed, plan, model):
+    if seed is not None and _better(seed, plan, model):  # within the MIP gap, or time-limited
         note = f"the {seed.solver} warm start beat the solver's incumbent"
-        return replace(seed, solver=name, status=Status.FEASIBLE, bound=plan.bound, notes=(note,))
+        return replace(seed, solver=name, status=outcome.status, bound=plan.bound, gap=plan.gap, notes=(note,))
     return plan
 
 

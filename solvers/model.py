@@ -10,9 +10,13 @@ For a candidate ``v`` (a FORWARD value the backward may need):
 - ``K_v = (last_use, need_end]``: extra steps alive when kept (``keep_interval``);
   for a value Inductor fuses away in the forward (``fused_in_forward``),
   ``A_v`` holds no bytes and ``K_v`` starts at ``produced``;
-- ``Q_v = [need_start, need_end]``: alive again when recomputed; memory
+- ``Q_v = [start, need_end]``: alive again when recomputed; memory
   counts ``Q_v`` minus ``A_v`` (``recompute_interval``), so a value is
   counted once at a step however many of its intervals cover it.
+  ``start`` is where the plan first needs ``v`` (``exact_starts``): torch
+  recomputes a value just before its first consumer in the backward, which
+  is its own first direct read or the recomputation of a user. The ILP picks
+  ``start`` among a few ``start_options``; ``need_start`` bounds them all.
 
 Every other value has only its fixed interval: INPUTs the whole run,
 BACKWARD and non-candidate FORWARD values ``[produced, last_use]``.
@@ -20,11 +24,14 @@ BACKWARD and non-candidate FORWARD values ``[produced, last_use]``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from .problem import Kind, Problem, Value
 
 Interval = tuple[int, int]
+# Start steps the ILP may choose from per recomputed value (the latest ones).
+# More options come closer to exact starts but make the program harder.
+MAX_START_OPTIONS = 2
 
 
 def fixed_interval(value: Value, num_steps: int) -> Interval:
@@ -54,15 +61,18 @@ def keep_interval(value: Value) -> Interval | None:
     return (value.last_use + 1, need[1])
 
 
-def recompute_interval(value: Value) -> Interval | None:
+def recompute_interval(value: Value, start: int | None = None) -> Interval | None:
     """``Q_v`` minus ``A_v``: steps a recomputed candidate is alive beyond ``A_v``.
 
-    A value still alive from the forward (a forward output) is not counted
-    twice where ``Q_v`` overlaps ``A_v``.
+    ``start`` is where the plan first needs it (``need_start``, the earliest
+    possible, when not given). A value still alive from the forward (a
+    forward output) is not counted twice where ``Q_v`` overlaps ``A_v``.
     """
     need = need_interval(value)
     if need is None:
         return None
+    if start is not None:
+        need = (start, need[1])
     if value.fused_in_forward:
         return need
     if need[1] <= value.last_use:
@@ -136,3 +146,56 @@ def _plannable(value: Value | None, recomputable_names: set[str]) -> bool:
     if value is None or not value.is_candidate:
         return False
     return value.savable or value.name in recomputable_names
+
+
+def direct_start(value: Value) -> int | None:
+    """The first backward step that reads ``value`` itself (or an alias)."""
+    if value.direct_start is not None:
+        return value.direct_start
+    return value.need_start if value.direct_need else None
+
+
+def candidate_users(problem: Problem) -> dict[str, list[str]]:
+    """For each candidate, the candidates that have it as an operand."""
+    users: dict[str, list[str]] = {v.name: [] for v in problem.candidates()}
+    for v in problem.candidates():
+        for u in v.operands:
+            if u in users:
+                users[u].append(v.name)
+    return users
+
+
+def exact_starts(problem: Problem, recomputed: Collection[str]) -> dict[str, int]:
+    """Where each recomputed value is first needed under this plan.
+
+    Its first direct read, or the start of a recomputed user that reads it,
+    whichever comes first; users come after their operands, so one pass in
+    reverse production order settles every start.
+    """
+    users, starts = candidate_users(problem), {}
+    for v in reversed(problem.candidates()):
+        if v.name not in recomputed:
+            continue
+        first = direct_start(v)
+        times = [t for t in [first, *(starts.get(w) for w in users[v.name])] if t is not None]
+        starts[v.name] = min(times) if times else v.need_start
+    return starts
+
+
+def start_options(problem: Problem) -> dict[str, tuple[int, ...]]:
+    """The steps the ILP may choose as a recomputed value's start, ascending.
+
+    Every start a user may take that falls before the value's own first
+    read, and that read; pruned to the latest ``MAX_START_OPTIONS``.
+    """
+    users, options = candidate_users(problem), {}
+    for v in reversed(problem.candidates()):
+        first = direct_start(v)
+        starts = {first} if first is not None else set()
+        for w in users[v.name]:
+            starts.update(t for t in options.get(w, ()) if first is None or t < first)
+        # The latest starts: an earlier one comes from a long chain of users
+        # recomputed before their own reads, rarely worth its memory. A user
+        # start with no operand option at or before it means: keep the operand.
+        options[v.name] = tuple(sorted(starts)[-MAX_START_OPTIONS:]) or (v.need_start,)
+    return options

@@ -37,18 +37,23 @@ class Value:
       (``produced`` when none; ``num_steps - 1`` for forward outputs, which
       the caller holds through the backward).
     - ``need_start`` / ``need_end``: FORWARD only, ``None`` when the backward
-      can never need this value. ``need_start`` is the first backward step
-      that needs it, directly or through a recomputed forward user;
-      ``need_end`` the last such step. A kept value lives
+      can never need this value. ``need_start`` is the earliest backward
+      step that may need it, directly or through any chain of recomputed
+      forward users; ``need_end`` the last such step. A kept value lives
       ``[produced, max(last_use, need_end)]``; a recomputed one lives
-      ``[produced, last_use]`` and again ``[need_start, need_end]``.
+      ``[produced, last_use]`` and again ``[start, need_end]``, where
+      ``start`` is where the plan first needs it (``model.exact_starts``):
+      its first direct read, or the start of a recomputed user, whichever
+      comes first; never before ``need_start``.
     - ``direct_need``: some backward node reads it (or an alias): it must be
       kept or recomputed.
+    - ``direct_start``: the first backward step that reads it (or an alias);
+      ``None`` when none does (then, for a ``direct_need`` value, ``need_start``).
     - ``operands``: FORWARD operands that are not INPUTs; recomputing this
       value needs each of them kept or recomputed.
-    - ``keep_operands``: the operands that must be *kept* (not recomputed)
-      when this value is recomputed: recomputing both would need the
-      operand before its own modelled interval starts.
+    - ``keep_operands``: operands that must be *kept* (not recomputed) when
+      this value is recomputed; an extra rule a builder may impose (the FX
+      builder imposes none: recompute starts are exact).
     - ``recompute_ban``: why it may not be recomputed (random op, collective,
       mutation, ...), ``None`` when it may.
     - ``savable``: whether it may be kept (views are never kept: their base is).
@@ -73,6 +78,7 @@ class Value:
     need_start: int | None = None
     need_end: int | None = None
     direct_need: bool = False
+    direct_start: int | None = None
     operands: tuple[str, ...] = ()
     keep_operands: tuple[str, ...] = ()
     recompute_ban: str | None = None

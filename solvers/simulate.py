@@ -7,11 +7,12 @@ valid (``closure``), which is what every solver reports.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 
 from .errors import InvalidPlan
 from .model import (
     add_interval,
+    exact_starts,
     fixed_diff,
     keep_interval,
     recompute_interval,
@@ -111,18 +112,26 @@ def _recompute_reasons(
     return reasons
 
 
-def timeline(problem: Problem, saved: Iterable[str], recomputed: Iterable[str]) -> tuple[int, ...]:
-    """Bytes alive at each step, workspace included, in O(T + n)."""
+def timeline(problem: Problem, saved: Iterable[str], recomputed: Iterable[str],
+             starts: Mapping[str, int] | None = None) -> tuple[int, ...]:
+    """Bytes alive at each step, workspace included, in O(T + n).
+
+    A recomputed value is alive from ``starts[name]``: by default where the
+    plan first needs it (``exact_starts``).
+    """
     by_name = problem.by_name()
     saved, recomputed = list(saved), list(recomputed)
     unknown = _unknown_names(by_name, saved, recomputed)
     if unknown:
         raise InvalidPlan("invalid plan: " + "; ".join(unknown[:_MAX_REASONS]))
+    if starts is None:
+        starts = exact_starts(problem, set(recomputed))
     diff = fixed_diff(problem)
     for name in saved:
         add_interval(diff, keep_interval(by_name[name]), by_name[name].bytes)
     for name in recomputed:
-        add_interval(diff, recompute_interval(by_name[name]), by_name[name].held_when_recomputed)
+        value = by_name[name]
+        add_interval(diff, recompute_interval(value, starts.get(name)), value.held_when_recomputed)
     return tuple(m + w for m, w in zip(running_sum(diff), workspace(problem)))
 
 

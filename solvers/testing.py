@@ -57,8 +57,8 @@ def build_problem(
                 node.name, Kind.FORWARD, 0 if node.view else node.bytes, i, last,
                 op="view" if node.view else "op", need_start=start, need_end=end,
                 direct_need=bool(bwd_reads[node.name]),
+                direct_start=min(bwd_reads[node.name], default=None),
                 operands=tuple(r for r in node.reads if r in fwd_step),
-                keep_operands=_keep_operands(node, need, {n.name: n for n in forward}),
                 recompute_ban=node.ban, savable=not node.view,
                 recompute_seconds=node.recompute_seconds, save_seconds=node.save_seconds,
             )
@@ -90,9 +90,9 @@ def _need_intervals(
 ) -> dict[str, tuple[int, int]]:
     """need_start/need_end as the FX problem builder derives them.
 
-    A value is needed at its direct backward reads and where a forward user
-    would be recomputed: at that user's first direct read when it has one,
-    else at the user's own need_start. ``need_end`` bounds the latest step.
+    A value may be needed at its direct backward reads and wherever a
+    forward user may be recomputed: ``need_start`` is the earliest of these
+    over every chain of users, ``need_end`` bounds the latest.
     """
     users: dict[str, list[str]] = {n.name: [] for n in forward}
     for node in forward:
@@ -104,31 +104,12 @@ def _need_intervals(
     for node in reversed(forward):  # users come after their operands
         direct = sorted(bwd_reads[node.name])
         needy = [w for w in users[node.name] if w in need]
-        starts = direct + [min(bwd_reads[w]) if bwd_reads[w] else need[w][0] for w in needy]
+        starts = direct + [need[w][0] for w in needy]
         if not starts:
             continue
         latest[node.name] = direct[0] if direct else max(latest[w] for w in needy)
         need[node.name] = (min(starts), max(direct + [latest[w] for w in needy]))
     return need
-
-
-def _keep_operands(node: Node, need: dict[str, tuple[int, int]], by_name: dict[str, Node]) -> tuple[str, ...]:
-    """Operands first needed after ``node``: kept whenever ``node`` is recomputed.
-
-    A view costs nothing to recompute early; the rule applies to its base.
-    """
-    if node.name not in need:
-        return ()
-    start, late, stack = need[node.name][0], [], [r for r in node.reads if r in by_name]
-    while stack:
-        operand = by_name[stack.pop()]
-        if operand.name not in need or need[operand.name][0] <= start:
-            continue
-        if operand.view:
-            stack.extend(r for r in operand.reads if r in by_name)
-        elif operand.name not in late:
-            late.append(operand.name)
-    return tuple(late)
 
 
 def _backward_values(backward: Sequence[Node], num_forward: int, num_steps: int) -> list[Value]:

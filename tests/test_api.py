@@ -184,8 +184,11 @@ def test_every_solver_plans_through_the_api(solver: str) -> None:
     top = remat.plan(model, *inputs, compiler="eager")
     budget = budget_between(top, 1.0)  # store-all fits: every solver has a plan
     report = remat.plan(model, *inputs, compiler="eager", solver=solver, budget_gb=budget)
-    assert report.solver.startswith(solver.split("-")[0]) or report.solver == solver
     assert report.predicted_peak_bytes <= report.planned_budget_bytes
+    if report.solver_status == "fallback":  # recompute-all can peak above store-all: said, not used
+        assert solver == "recompute-all" and any("found no plan within" in n for n in report.notes)
+    else:
+        assert report.solver.startswith(solver.split("-")[0]) or report.solver == solver
 
 
 def test_ilp_never_slower_than_the_baselines_under_the_same_budget() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import json
 import random
 
@@ -13,8 +15,24 @@ from remat.solvers.simulate import canonical
 from remat.solvers.testing import random_problem
 
 
+def naive_starts(problem: Problem, recomputed: set[str]) -> dict[str, int]:
+    """Where each recomputed value is first needed: its first direct read or
+    the start of a recomputed user, whichever is first (by recursion)."""
+    by_name = problem.by_name()
+
+    @functools.cache
+    def start(name: str) -> int:
+        v = by_name[name]
+        times = [v.direct_start] if v.direct_start is not None else []
+        times += [start(w.name) for w in problem.values if w.name in recomputed and name in w.operands]
+        return min(times)
+
+    return {name: start(name) for name in recomputed}
+
+
 def naive_timeline(problem: Problem, saved: set[str], recomputed: set[str]) -> list[int]:
     """O(T * n), straight from the lifetime rules."""
+    starts = naive_starts(problem, recomputed)
     out = []
     for t in range(problem.num_steps):
         total = problem.workspace_at(t)
@@ -23,7 +41,7 @@ def naive_timeline(problem: Problem, saved: set[str], recomputed: set[str]) -> l
             if v.name in saved and v.need_end is not None:
                 alive = alive or v.last_use < t <= v.need_end
             if v.name in recomputed:
-                alive = alive or v.need_start <= t <= v.need_end
+                alive = alive or starts[v.name] <= t <= v.need_end
             total += v.bytes if alive else 0
         out.append(total)
     return out
