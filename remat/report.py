@@ -167,7 +167,7 @@ VIEWS = frozenset({"view", "_unsafe_view", "reshape", "_reshape_alias", "t", "tr
                    "slice", "select", "unsqueeze", "squeeze", "as_strided", "alias", "split", "split_with_sizes",
                    "unbind", "chunk", "narrow", "unfold", "diagonal", "detach", "view_as_real", "view_as_complex"})
 NAMED = (("scaled_dot_product", "attention"), ("flash_attention", "attention"), ("convolution", "convolution"),
-         ("norm", "normalization"), ("softmax", "softmax"), ("embedding", "embedding"), ("dropout", "random"), ("loss", "loss"))
+         ("norm", "normalization"), ("softmax", "softmax"), ("embedding", "embedding"), ("loss", "loss"))
 
 
 @functools.lru_cache(maxsize=None)

@@ -9,9 +9,10 @@ import sys
 import pytest
 
 from remat import solvers
-from remat.errors import GIB, format_bytes
+from remat.errors import format_bytes
 from remat.frontier import capture
 from remat.options import Options
+from remat.render import scale
 from remat.report import downsample, node_rows
 from remat.solvers.problem import Kind, Problem, Value
 from tests.conftest import budget_between, build
@@ -134,7 +135,7 @@ def test_plot_is_a_figure_with_the_budget_line(planned) -> None:
     fig = report.plot()
     assert isinstance(fig, Figure)
     (ax,) = fig.axes
-    unit = 2**20 if report.store_all_peak_bytes < GIB else GIB
+    unit, _ = scale(report.store_all_timeline + report.plan_timeline + [report.budget_bytes])
     flat = {line.get_label(): set(line.get_ydata()) for line in ax.get_lines()}
     budget = [label for label, ys in flat.items() if ys == {report.budget_bytes / unit}]
     assert budget and budget[0].startswith("budget")
@@ -150,3 +151,12 @@ def test_missing_optional_libraries_say_how_to_install_them(planned, monkeypatch
         planned.report.to_pandas()
     with pytest.raises(ImportError, match=r"plot needs matplotlib"):
         planned.report.plot()
+
+
+@pytest.mark.parametrize("module", ["remat.report", "remat.progress"])
+def test_docstring_examples(module: str) -> None:
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.attempted > 0 and result.failed == 0
