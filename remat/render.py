@@ -83,7 +83,8 @@ def report_figure(report: Report) -> Any:
     ax.step(steps, [b / div for b in report.store_all_timeline], where="post", color="0.6", label="keep everything")
     ax.step(steps, [b / div for b in report.plan_timeline], where="post", color="C0", label="plan")
     if report.budget_bytes is not None:
-        ax.axhline(report.budget_bytes / div, color="C3", linestyle="--", label=f"budget {format_bytes(report.budget_bytes)}")
+        ax.axhline(report.budget_bytes / div, color="C3", linestyle="--",
+                   label=f"budget {format_bytes(report.budget_bytes)}")
         if report.planned_budget_bytes is not None and report.headroom:
             ax.axhline(report.planned_budget_bytes / div, color="C3", linestyle=":", linewidth=1,
                        label=f"budget less {report.headroom:.0%} headroom")
@@ -102,7 +103,8 @@ def report_figure(report: Report) -> Any:
 
 
 def row(label: str, value: str) -> str:
-    return f"<tr><th style='text-align:left'>{html.escape(label)}</th><td style='text-align:left'>{html.escape(value)}</td></tr>"
+    return (f"<tr><th style='text-align:left'>{html.escape(label)}</th>"
+            f"<td style='text-align:left'>{html.escape(value)}</td></tr>")
 
 
 def table(head: list[str], body: list[list[str]]) -> str:
@@ -118,7 +120,8 @@ def memory_rows(report: Report) -> list[tuple[str, str]]:
     if report.headroom and report.planned_budget_bytes is not None:
         budget += f"; plan fits {fb(report.planned_budget_bytes)} ({report.headroom:.0%} headroom)"
     out = [("budget", budget), ("predicted peak", fb(report.predicted_peak_bytes)),
-           ("store-all peak", fb(report.store_all_peak_bytes)), ("smallest feasible budget", fb(report.min_feasible_bytes))]
+           ("store-all peak", fb(report.store_all_peak_bytes)),
+           ("smallest feasible budget", fb(report.min_feasible_bytes))]
     if report.min_cut_peak_bytes is not None:
         out.append(("torch min-cut peak", fb(report.min_cut_peak_bytes)))
     if report.realized_peak_bytes is not None:
@@ -232,7 +235,8 @@ def frontier_figure(frontier: Frontier) -> Any:
         ax.annotate(f"budget {format_bytes(r['budget_bytes'])}", (x, r["predicted_peak_bytes"] / div),
                     xytext=(5, 4), textcoords="offset points", fontsize=7, color="0.3")
     if frontier.measured:
-        measured = [(x, r["measured_peak_bytes"]) for x, r in zip(xs, feasible) if r.get("measured_peak_bytes") is not None]
+        measured = [(x, r["measured_peak_bytes"]) for x, r in zip(xs, feasible)
+                    if r.get("measured_peak_bytes") is not None]
         ax.plot([x for x, _ in measured], [m / div for _, m in measured], "s", color="C1",
                 label=f"measured peak ({frontier.measured_device})")
     ax.axhline(frontier.store_all_peak_bytes / div, color="0.6", linestyle="--", label="keep everything")

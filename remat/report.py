@@ -163,6 +163,7 @@ def attach_timelines(report: Report, problem: Problem, plan: Solution, store_all
 # --- decisions and their reasons ---------------------------------------------
 
 MATMULS = frozenset({"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "linear", "_int_mm"})
+TAGGED = (("nondeterministic_seeded", "random"), ("reduction", "reduction"), ("pointwise", "pointwise"))
 VIEWS = frozenset({"view", "_unsafe_view", "reshape", "_reshape_alias", "t", "transpose", "permute", "expand",
                    "slice", "select", "unsqueeze", "squeeze", "as_strided", "alias", "split", "split_with_sizes",
                    "unbind", "chunk", "narrow", "unfold", "diagonal", "detach", "view_as_real", "view_as_complex"})
@@ -203,7 +204,7 @@ def op_category(value: Value, by_name: dict[str, Value]) -> str:
         if part in name:
             return category
     tags = op_tags(value.op)
-    for tag, category in (("nondeterministic_seeded", "random"), ("reduction", "reduction"), ("pointwise", "pointwise")):
+    for tag, category in TAGGED:
         if tag in tags:
             return category
     return "view" if name in VIEWS else "other"

@@ -82,7 +82,8 @@ def test_plan_a_model_of_ones_own(user_package, capsys) -> None:  # type: ignore
     ("cli_user_models:wrong", "cli_user_models:wrong() must return (model, inputs), not str"),
     ("cli_user_models:broken", "cli_user_models:broken() raised RuntimeError: no GPU here"),
 ])
-def test_module_errors_are_one_line(user_package, capsys, spec: str, message: str) -> None:  # type: ignore[no-untyped-def]
+def test_module_errors_are_one_line(user_package, capsys, spec: str,  # type: ignore[no-untyped-def]
+                                    message: str) -> None:
     assert cli.main(["plan", "--module", spec]) == 2
     captured = capsys.readouterr()
     assert captured.err == f"remat: {message}\n" and not captured.out
