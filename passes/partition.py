@@ -13,18 +13,19 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch.fx as fx
 
 from remat import solvers
 from remat.budget import infeasible, min_budget_bytes
-from remat.errors import PlanError
+from remat.errors import PlanError, format_bytes
 from remat.options import Options
 from remat.report import Report, node_rows
 from remat.solvers.problem import Problem
-from remat.solvers.solution import Solution
+from remat.solvers.solution import Solution, Status
 
+from . import plan_cache
 from . import torch_adapter as adapter
 from .memory import realized_peak, recomputed_in
 from .problem import build_problem
@@ -41,7 +42,7 @@ class PlanComplete(Exception):
 class GraphPlan:
     """Everything remat decided and predicted for one joint graph."""
 
-    problem: Problem
+    problem: Problem | None  # None for a plan loaded from the plan cache
     solution: Solution
     report: Report
     forward_names: set[str]
@@ -61,18 +62,55 @@ def solve(problem: Problem, options: Options) -> tuple[Solution, Solution, Solut
     config = solvers.ILPConfig(time_limit_s=options.time_limit_s)
     store_all = solvers.store_all(problem)
     # any valid plan bounds the smallest peak; the ILP's may be time-limited
-    lowest = min(solvers.min_peak(problem, config=config), store_all, key=lambda s: s.peak_bytes)
+    lowest = min(smallest_peak(problem, config), store_all, key=lambda s: s.peak_bytes)
     if budget is not None and budget < lowest.peak_bytes:
         raise infeasible(problem, options.budget_bytes, lowest, options.headroom_fraction)
     # No plan holds more than keeping everything: a budget at or above that
     # peak (or none) is never binding, and every such budget gets one plan.
     cap = store_all.peak_bytes if budget is None else min(budget, store_all.peak_bytes)
-    solver = solvers.get(options.solver)
-    kwargs = {"config": config} if options.solver.startswith("ilp") else {}
-    plan = solver.solve(problem, cap, **kwargs)
+    plan = solve_or_fall_back(problem, cap, options, config)
     if budget is not None and plan.peak_bytes > budget:
         raise PlanError(f"solver {plan.solver} returned a plan over budget; please report this graph")
+    if plan.status is Status.FEASIBLE:
+        gap = "unknown" if plan.gap is None else f"{plan.gap:.2%}"
+        note = (f"time limit of {options.time_limit_s:g} s reached: the best plan found "
+                f"(gap to optimal {gap}); raise time_limit_s for a faster one")
+        plan = replace(plan, notes=(*plan.notes, note))
     return plan, store_all, lowest
+
+
+def smallest_peak(problem: Problem, config: solvers.ILPConfig) -> Solution:
+    """The min-peak ILP; if it fails, the lowest cheap plan (an upper bound), noted."""
+    try:
+        return solvers.min_peak(problem, config=config)
+    except Exception as exc:  # a solver fault must not lose the plan: see solve_or_fall_back
+        reason = f"the smallest-peak solve failed ({type(exc).__name__}: {exc})"
+        log.warning("remat: %s; the smallest feasible budget is a cheap plan's, an upper bound", reason)
+        plan = min(cheap_plans(problem, 0), key=lambda s: s.peak_bytes)
+        return replace(plan, status=Status.FALLBACK, notes=(*plan.notes, f"{reason}; bound from {plan.solver}"))
+
+
+def solve_or_fall_back(problem: Problem, cap: int, options: Options, config: solvers.ILPConfig) -> Solution:
+    """The chosen solver's plan within ``cap``; if the solver raises, the
+    fastest cheap plan that fits, with status FALLBACK and the reason noted."""
+    solver = solvers.get(options.solver)
+    kwargs = {"config": config} if options.solver.startswith("ilp") else {}
+    try:
+        return solver.solve(problem, cap, **kwargs)
+    except Exception as exc:  # any fault inside a solver library: never lose the step over it
+        reason = f"solver {options.solver!r} failed ({type(exc).__name__}: {exc})"
+        fits = [p for p in cheap_plans(problem, cap) if p.peak_bytes <= cap]
+        if not fits:
+            raise PlanError(f"{reason}, and no cheap plan fits {format_bytes(cap)}: raise the budget, "
+                            f"or try another solver ({', '.join(solvers.available())})") from exc
+        plan = min(fits, key=lambda s: s.added_seconds)
+        log.warning("remat: %s; using the %s plan", reason, plan.solver)
+        return replace(plan, status=Status.FALLBACK, notes=(*plan.notes, f"{reason}; used the {plan.solver} plan"))
+
+
+def cheap_plans(problem: Problem, budget: int) -> list[Solution]:
+    """Plans made without an ILP: store-all, greedy toward ``budget``, recompute-all."""
+    return [solvers.store_all(problem), solvers.greedy(problem, budget), solvers.recompute_all(problem)]
 
 
 def min_cut_kept(problem: Problem, saved: list[fx.Node]) -> set[str]:
@@ -132,6 +170,8 @@ class Planner:
         # one cache per process: planning and compiling the same model then
         # see the same costs (CPU workspace, in particular, varies run to run)
         self.cache = SHARED_TIMINGS
+        folder = plan_cache.cache_dir(options.plan_cache)
+        self.disk = plan_cache.PlanCache(folder) if folder is not None else None
 
     @property
     def reports(self) -> list[Report]:
@@ -141,6 +181,34 @@ class Planner:
         # A plan holds for the sizes it was made at: under a budget, dynamic
         # sizes are pinned (guarded), so another size compiles and plans anew.
         specialized = self.options.budget_bytes is not None and adapter.specialize_sizes(joint_graph)
+        forward = {n.name for n in joint_graph.nodes if node_info.is_required_fw(n)}
+        key = cached = None
+        if self.disk is not None:
+            key = plan_cache.graph_key(joint_graph, self.options, plan_cache.graph_device(joint_graph))
+            cached = self.disk.load(key, joint_graph)
+        if cached is not None:
+            plan = plan_from_cache(cached, forward)
+        else:
+            plan = self.make_plan(joint_graph, node_info, forward)
+            if specialized:
+                plan.report.notes.append("dynamic sizes pinned: each new size is planned under the budget again")
+            if self.disk is not None and key is not None:
+                self.store(key, plan)
+        self.plans.append(plan)
+        log.info("remat plan for graph %d:\n%s", len(self.plans) - 1, plan.report.summary())
+        if self.stop_after_plan:
+            raise PlanComplete
+        return nodes_to_save(joint_graph, node_info, plan.solution)
+
+    def store(self, key: dict[str, object], plan: GraphPlan) -> None:
+        plan.report.plan_cache = "stored"
+        entry = plan_cache.CachedPlan(plan.solution.saved, plan.solution.recomputed, frozenset(plan.random_names),
+                                      plan.report)
+        if not self.disk.store(key, entry):
+            plan.report.plan_cache = ""
+
+    def make_plan(self, joint_graph: fx.Graph, node_info: adapter.NodeInfo, forward: set[str]) -> GraphPlan:
+        """Profile, build the problem, solve, and score torch's own choice."""
         t0 = time.perf_counter()
         costs = profile_graph(joint_graph, mode=self.options.profile, cache=self.cache)
         problem = build_problem(joint_graph, node_info, costs, fusion=self.options.compiler == "inductor")
@@ -152,15 +220,8 @@ class Planner:
         report = make_report(problem, plan, store_all, lowest, score_min_cut(problem, min_cut_saved), self.options)
         report.profile_seconds, report.min_cut_seconds = profile_seconds, min_cut_seconds
         report.min_feasible_solve_seconds = lowest.solve_seconds
-        if specialized:
-            report.notes.append("dynamic sizes pinned: each new size is planned under the budget again")
-        forward = {n.name for n in joint_graph.nodes if node_info.is_required_fw(n)}
         random = {n.name for n in joint_graph.nodes if costs.get(n.name) and costs[n.name].kind == "random"}
-        self.plans.append(GraphPlan(problem, plan, report, forward, random))
-        log.info("remat plan for graph %d:\n%s", len(self.plans) - 1, report.summary())
-        if self.stop_after_plan:
-            raise PlanComplete
-        return nodes_to_save(joint_graph, node_info, plan)
+        return GraphPlan(problem, plan, report, forward, random)
 
     def on_graph(self, gm: fx.GraphModule, kind: str) -> None:
         """Called with each partitioned graph before it is compiled.
@@ -175,6 +236,17 @@ class Planner:
         plan.graphs[kind] = gm
         if kind == "backward":
             check_realized(plan, self.options)
+
+
+def plan_from_cache(cached: plan_cache.CachedPlan, forward: set[str]) -> GraphPlan:
+    """A GraphPlan from disk: the decision and report, no problem (nothing was profiled)."""
+    report = cached.report
+    report.plan_cache = "hit"
+    solution = Solution(solver=report.solver, saved=cached.saved, recomputed=cached.recomputed,
+                        peak_bytes=report.predicted_peak_bytes, timeline=(),
+                        added_seconds=report.predicted_overhead_seconds, status=Status(report.solver_status),
+                        bound=None, gap=report.mip_gap, solve_seconds=0.0)
+    return GraphPlan(None, solution, report, forward, set(cached.random))
 
 
 def owner_of(gm: fx.GraphModule, kind: str, plans: list[GraphPlan]) -> GraphPlan | None:

@@ -13,7 +13,7 @@ from remat.passes import torch_adapter as adapter
 from remat.passes.partition import PlanComplete
 
 from .backend import _BACKEND_REPORTS, RematBackend
-from .errors import BudgetError, PlanError
+from .errors import BudgetError, PlanError, SolverUnavailable
 from .options import Options
 from .report import Report
 
@@ -23,7 +23,7 @@ _BACKENDS: weakref.WeakKeyDictionary[Any, RematBackend] = weakref.WeakKeyDiction
 
 def compile(model: F, budget_gb: float | None = None, *, solver: str = "ilp", time_limit_s: float = 30.0,
             profile: str = "measure", compiler: str = "inductor", headroom: float | None = None,
-            dynamic: bool | None = None, fullgraph: bool = False) -> F:
+            plan_cache: bool | str = True, dynamic: bool | None = None, fullgraph: bool = False) -> F:
     """``torch.compile`` whose partitioner fits each graph's step in ``budget_gb`` GiB.
 
     Raises :class:`remat.BudgetError` at the first call if the budget is below
@@ -31,7 +31,7 @@ def compile(model: F, budget_gb: float | None = None, *, solver: str = "ilp", ti
     compiled graph.
     """
     options = Options(budget_gb=budget_gb, solver=solver, time_limit_s=time_limit_s,
-                      profile=profile, compiler=compiler, headroom=headroom)
+                      profile=profile, compiler=compiler, headroom=headroom, plan_cache=plan_cache)
     backend = RematBackend(options)
     compiled = torch.compile(model, backend=backend, dynamic=dynamic, fullgraph=fullgraph)
     if isinstance(compiled, torch.nn.Module):
@@ -51,7 +51,7 @@ def raising_budget_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         except Exception as exc:
             inner = adapter.unwrap_backend_error(exc)
-            if isinstance(inner, (BudgetError, PlanError, ValueError, TypeError)):
+            if isinstance(inner, (BudgetError, PlanError, ValueError, TypeError, SolverUnavailable)):
                 raise inner from None
             raise
 
@@ -71,7 +71,7 @@ def reports(compiled: Any = None) -> list[Report]:
 
 def plan(model: Callable[..., Any], *inputs: Any, budget_gb: float | None = None, solver: str = "ilp",
          time_limit_s: float = 30.0, profile: str = "measure", compiler: str = "inductor",
-         headroom: float | None = None) -> Report:
+         headroom: float | None = None, plan_cache: bool | str = True) -> Report:
     """Plan ``model(*inputs)`` under ``budget_gb`` and return the Report.
 
     No training step runs and no parameter, buffer or gradient changes:
@@ -80,7 +80,7 @@ def plan(model: Callable[..., Any], *inputs: Any, budget_gb: float | None = None
     graph is decomposed further and its fusion changes what is allocated.
     """
     options = Options(budget_gb=budget_gb, solver=solver, time_limit_s=time_limit_s, profile=profile,
-                      compiler=compiler, headroom=headroom)
+                      compiler=compiler, headroom=headroom, plan_cache=plan_cache)
     backend = RematBackend(options, stop_after_plan=True)
     try:
         torch.compile(model, backend=backend)(*inputs)

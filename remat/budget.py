@@ -7,7 +7,7 @@ import numbers
 from collections import defaultdict
 
 from remat.solvers.problem import Kind, Problem
-from remat.solvers.solution import Solution
+from remat.solvers.solution import Solution, Status
 
 from .errors import GIB, BudgetError, format_bytes
 
@@ -74,11 +74,15 @@ def infeasible(problem: Problem, budget: int, min_peak: Solution, headroom: floa
     smallest = min_budget_bytes(min_peak.peak_bytes, headroom)
     held = f", with {headroom:.0%} held back as headroom" if headroom else ""
     top = ", ".join(f"{name} {format_bytes(b)}" for name, b in list(parts.items())[:3])
+    proven = min_peak.status is Status.OPTIMAL
+    which = "the smallest feasible budget" if proven else "the smallest budget found feasible"
+    early = "" if proven else (f" The search for the minimum stopped early ({min_peak.status.value}): "
+                               f"a longer time_limit_s may find a lower one.")
     return BudgetError(
-        f"budget {format_bytes(budget)} is below the smallest feasible budget "
+        f"budget {format_bytes(budget)} is below {which} "
         f"{format_bytes(smallest)} for this graph{held} (at its smallest peak: {top}). "
         f"Raise budget_gb to at least {min_budget_gb(smallest)!r}, "
-        f"or shrink the batch or sequence.",
+        f"or shrink the batch or sequence.{early}",
         budget_bytes=budget,
         min_feasible_bytes=smallest,
     )

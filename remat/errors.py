@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+# A named solver that cannot run here (its library is missing); it names the installed ones.
+from remat.solvers.errors import SolverUnavailable
+
+__all__ = ["GIB", "BudgetError", "PlanError", "SolverUnavailable", "format_bytes"]
+
 GIB = 2**30
 
 
@@ -30,3 +35,4 @@ class BudgetError(ValueError):
 
 class PlanError(RuntimeError):
     """The realized graphs disagree with the plan in a way that could be wrong."""
+

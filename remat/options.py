@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from remat import solvers
 
 from .budget import budget_bytes
 
@@ -31,6 +34,9 @@ class Options:
       0 for "eager", whose graphs the model predicts to the byte, and 0.2
       for "inductor", whose own rewrites and kernel order the model only
       approximates (measured: see the README).
+    - ``plan_cache``: ``True`` (default) keeps plans on disk, so a graph
+      compiled again skips the solve; a folder path keeps them there;
+      ``False`` turns it off (see ``remat.passes.plan_cache``).
     """
 
     budget_gb: float | None = None
@@ -39,6 +45,7 @@ class Options:
     profile: str = "measure"
     compiler: str = "inductor"
     headroom: float | None = None
+    plan_cache: bool | str | os.PathLike[str] = True
 
     def __post_init__(self) -> None:
         if self.headroom is not None and not (isinstance(self.headroom, (int, float)) and 0 <= self.headroom < 1):
@@ -50,6 +57,9 @@ class Options:
             raise ValueError(f"profile must be one of {PROFILES}, not {self.profile!r}")
         if not isinstance(self.time_limit_s, (int, float)) or not self.time_limit_s > 0:
             raise ValueError(f"time_limit_s must be a positive number of seconds, not {self.time_limit_s!r}")
+        if not isinstance(self.plan_cache, (bool, str, os.PathLike)):
+            raise ValueError(f"plan_cache must be True, False or a folder path, not {self.plan_cache!r}")
+        solvers.get(self.solver)  # an unknown or uninstalled solver is named now, not at the first call
 
     @property
     def budget_bytes(self) -> int | None:

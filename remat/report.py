@@ -63,6 +63,7 @@ class Report:
     joint_graph_steps: int = 0
     candidates: int = 0
     device: str = ""
+    plan_cache: str = ""  # "stored" when written to the plan cache, "hit" when loaded from it
     notes: list[str] = field(default_factory=list)
     # Memory over the step (bytes), for ``plot``: point i covers steps
     # timeline_steps[i] up to the next point and holds their maximum.

@@ -49,7 +49,9 @@ def get(name: str) -> Solver:
         raise ValueError(f"unknown solver {name!r}; registered: {', '.join(names())}")
     solver = _REGISTRY[name]
     if not solver.available():
-        raise SolverUnavailable(f"solver {name!r} cannot run here; available: {', '.join(available())}")
+        why = getattr(solver, "missing", "")
+        raise SolverUnavailable(f"solver {name!r} cannot run here{f' ({why})' if why else ''}; "
+                                f"installed solvers: {', '.join(available())}")
     return solver
 
 
@@ -98,6 +100,13 @@ class ILPSolver:
         return backend_available(self.backend) or (
             self.fallback is not None and backend_available(self.fallback)
         )
+
+    @property
+    def missing(self) -> str:
+        """What to install for this solver to run."""
+        return {"highs": "HiGHS needs highspy: pip install highspy",
+                "cbc": "no CBC binary: PuLP 3 bundles one (pip install --force-reinstall 'pulp>=3.3,<4') "
+                       "or put cbc on PATH"}[self.backend]
 
     def solve(self, problem: Problem, budget_bytes: int | None, **kwargs: Any) -> Solution:
         base = kwargs.pop("config", None) or ILPConfig()

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 import remat
 from bench import models
 from remat.errors import GIB
+
+# Tests plan afresh unless they turn the plan cache on themselves (tests/test_plan_cache.py);
+# subprocesses inherit this too.
+os.environ["REMAT_PLAN_CACHE"] = "off"
 
 # Sizes where activations, not parameters, dominate the step's peak.
 SMALL = {

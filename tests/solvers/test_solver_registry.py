@@ -61,8 +61,10 @@ def test_unknown_name_lists_the_registered_ones() -> None:
 
 def test_unavailable_solver_names_the_available_ones(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(registry, "backend_available", lambda backend: False)
-    with pytest.raises(SolverUnavailable, match="available: store-all"):
+    with pytest.raises(SolverUnavailable, match="CBC binary.*installed solvers: store-all"):
         get("ilp-cbc")
+    with pytest.raises(SolverUnavailable, match="pip install highspy"):
+        get("ilp")
 
 
 def test_baselines_take_no_options() -> None:

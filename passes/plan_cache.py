@@ -1,0 +1,190 @@
+"""Plans kept on disk, so recompiling a graph already planned skips the solve.
+
+An entry is one JSON file (never pickle) named by the hash of its key: the
+joint graph's structure with every value's shape, stride and dtype, the
+options that shape the plan (budget, headroom, solver, profile, compiler,
+time limit), the device, and the torch and remat versions. A file that does
+not parse, holds another key, fails its checksum or names nodes the graph
+lacks is ignored with a warning and replaced by the next plan made.
+
+Where: ``plan_cache=`` of :class:`remat.Options` (``True``: the default
+folder, a path: that folder, ``False``: off); the environment variable
+``REMAT_PLAN_CACHE`` sets the default (``0``/``off`` or a folder). The
+default folder is ``$XDG_CACHE_HOME/remat/plans`` (``~/.cache/remat/plans``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from remat.options import Options
+from remat.report import NodeRow, Report
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+OFF = ("0", "off", "false", "no", "")
+
+
+@dataclass(frozen=True)
+class CachedPlan:
+    """What a later compile of the same graph needs: the decision and its report."""
+
+    saved: frozenset[str]
+    recomputed: frozenset[str]
+    random: frozenset[str]
+    report: Report
+
+
+def cache_dir(setting: bool | str | os.PathLike[str]) -> Path | None:
+    """The folder plans live in under ``setting``, or None when caching is off."""
+    if setting is False:
+        return None
+    if setting is not True:
+        return Path(setting)
+    env = os.environ.get("REMAT_PLAN_CACHE")
+    if env is not None:
+        return None if env.strip().lower() in OFF else Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "remat" / "plans"
+
+
+def graph_key(graph: fx.Graph, options: Options, device: str) -> dict[str, Any]:
+    """Everything a plan depends on, as plain data."""
+    return {
+        "format": FORMAT,
+        "graph": graph_fingerprint(graph),
+        "budget_bytes": options.budget_bytes,
+        "planned_bytes": options.planned_bytes,
+        "solver": options.solver,
+        "profile": options.profile,
+        "compiler": options.compiler,
+        "time_limit_s": options.time_limit_s,
+        "device": device,
+        "torch": torch.__version__,
+        "remat": _remat_version(),
+    }
+
+
+def graph_fingerprint(graph: fx.Graph) -> str:
+    """A hash of the graph's ops, edges and every value's shape, stride and dtype."""
+    digest = hashlib.sha256()
+    for node in graph.nodes:
+        digest.update(repr((node.name, node.op, str(node.target), _plain(node.args), _plain(node.kwargs),
+                            _describe(node.meta.get("val")))).encode())
+    return digest.hexdigest()
+
+
+def _plain(value: Any) -> Any:
+    """Arguments with nodes replaced by their names, so the repr is stable."""
+    return fx.node.map_arg(value, lambda n: f"%{n.name}")
+
+
+def _describe(val: Any) -> Any:
+    if isinstance(val, torch.Tensor):
+        return (tuple(map(str, val.shape)), tuple(map(str, val.stride())), str(val.dtype), val.device.type)
+    if isinstance(val, (list, tuple)):
+        return tuple(_describe(v) for v in val)
+    return type(val).__name__ if val is not None else None
+
+
+class PlanCache:
+    """Load and store plans in one folder."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def path_for(self, key: dict[str, Any]) -> Path:
+        return self.folder / f"{_digest(key)[:32]}.json"
+
+    def load(self, key: dict[str, Any], graph: fx.Graph) -> CachedPlan | None:
+        path = self.path_for(key)
+        if not path.exists():
+            return None
+        try:
+            entry = json.loads(path.read_text())
+            plan = _entry_to_plan(entry, key)
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            log.warning("remat: ignoring plan cache file %s: %s", path, exc)
+            return None
+        missing = (plan.saved | plan.recomputed) - {n.name for n in graph.nodes}
+        if missing:
+            log.warning("remat: ignoring plan cache file %s: it names nodes the graph lacks %s", path, sorted(missing)[:3])
+            return None
+        return plan
+
+    def store(self, key: dict[str, Any], plan: CachedPlan) -> bool:
+        """Write ``plan`` under ``key``; False (and a warning) if the folder is not writable."""
+        body = {"key": key, "saved": sorted(plan.saved), "recomputed": sorted(plan.recomputed),
+                "random": sorted(plan.random), "report": plan.report.to_dict()}
+        entry = {**body, "checksum": _digest(body)}
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=self.folder, suffix=".tmp", delete=False) as tmp:
+                json.dump(entry, tmp)
+            os.replace(tmp.name, self.path_for(key))  # atomic: readers never see half a file
+        except OSError as exc:
+            log.warning("remat: could not write the plan cache in %s: %s", self.folder, exc)
+            return False
+        return True
+
+
+def _entry_to_plan(entry: dict[str, Any], key: dict[str, Any]) -> CachedPlan:
+    body = {k: v for k, v in entry.items() if k != "checksum"}
+    if entry.get("checksum") != _digest(body):
+        raise ValueError("checksum mismatch (a damaged or edited file)")
+    if entry["key"] != key:
+        raise ValueError("made for another graph, budget, device or version")
+    return CachedPlan(frozenset(entry["saved"]), frozenset(entry["recomputed"]), frozenset(entry["random"]),
+                      report_from_dict(entry["report"]))
+
+
+def report_from_dict(data: dict[str, Any]) -> Report:
+    """The inverse of ``Report.to_dict``; unknown fields mean another format."""
+    known = {f.name for f in dataclasses.fields(Report)}
+    unknown = set(data) - known
+    if unknown:
+        raise ValueError(f"report fields this remat does not know: {sorted(unknown)[:3]}")
+    nodes = [NodeRow(**row) for row in data["nodes"]]
+    return Report(**{**data, "nodes": nodes, "notes": list(data.get("notes", []))})
+
+
+def _digest(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+@functools.cache
+def _remat_version() -> str:
+    """The version plus a hash of remat's own sources: an edited checkout plans anew."""
+    import remat
+    import remat.passes
+    import remat.solvers
+
+    digest = hashlib.sha256()
+    for package in (remat, remat.passes, remat.solvers):
+        for path in sorted(Path(package.__file__).parent.glob("*.py")):
+            digest.update(path.read_bytes())
+    return f"{remat.__version__}+{digest.hexdigest()[:12]}"
+
+
+def graph_device(graph: fx.Graph) -> str:
+    """The device the graph's inputs live on, by model name for a GPU."""
+    for node in graph.find_nodes(op="placeholder"):
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            if val.device.type == "cuda":
+                return f"cuda:{torch.cuda.get_device_name(val.device)}"
+            return val.device.type
+    return "cpu"

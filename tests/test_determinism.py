@@ -1,0 +1,59 @@
+"""The same model, inputs and budget give the same plan: within a process, and across processes."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import remat
+from tests.conftest import budget_between, build
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+PLAN_IN_A_NEW_PROCESS = """
+import json, sys, torch
+import remat
+from tests.conftest import build
+torch.manual_seed(0)
+model, inputs = build("llama")
+cache = False if sys.argv[4] == "off" else sys.argv[4]
+r = remat.plan(model, *inputs, budget_gb=float(sys.argv[1]), compiler=sys.argv[2], profile=sys.argv[3],
+               plan_cache=cache)
+print(json.dumps({"saved": sorted(r.saved), "recomputed": sorted(r.recomputed), "cache": r.plan_cache}))
+"""
+
+
+def _plan_in_new_process(budget: float, compiler: str, profile: str, cache: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", PLAN_IN_A_NEW_PROCESS, str(budget), compiler, profile, cache],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _binding_budget(compiler: str, profile: str) -> float:
+    model, inputs = build("llama")
+    return budget_between(remat.plan(model, *inputs, compiler=compiler, profile=profile), 0.4)
+
+
+def test_the_same_plan_twice_in_one_process() -> None:
+    budget = _binding_budget("inductor", "measure")
+    model, inputs = build("llama")
+    first = remat.plan(model, *inputs, budget_gb=budget)
+    second = remat.plan(model, *inputs, budget_gb=budget)
+    assert first.recomputed and (first.saved, first.recomputed) == (second.saved, second.recomputed)
+
+
+def test_analytic_plans_agree_across_processes_without_a_cache() -> None:
+    budget = _binding_budget("inductor", "analytic")
+    runs = [_plan_in_new_process(budget, "inductor", "analytic", "off") for _ in range(2)]
+    assert runs[0]["recomputed"] and runs[0] == runs[1]
+
+
+def test_measured_plans_agree_across_processes_through_the_plan_cache(tmp_path: pathlib.Path) -> None:
+    budget = _binding_budget("eager", "measure")
+    first = _plan_in_new_process(budget, "eager", "measure", str(tmp_path))
+    second = _plan_in_new_process(budget, "eager", "measure", str(tmp_path))
+    assert (first["cache"], second["cache"]) == ("stored", "hit")
+    assert first["recomputed"] and (first["saved"], first["recomputed"]) == (second["saved"], second["recomputed"])

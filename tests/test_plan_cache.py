@@ -1,0 +1,132 @@
+"""The plan cache: a graph planned once is not solved again; bad files are ignored loudly."""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import pathlib
+
+import pytest
+import torch
+
+import remat
+from remat.passes import partition, plan_cache
+from tests.conftest import budget_between, build
+
+
+def _plan(folder: pathlib.Path | bool, budget: float | None = None) -> remat.Report:
+    model, inputs = build("gpt")
+    torch._dynamo.reset()
+    return remat.plan(model, *inputs, budget_gb=budget, compiler="eager", plan_cache=str(folder)
+                      if isinstance(folder, pathlib.Path) else folder)
+
+
+def _forbid_planning(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("planned again: the cached plan was not used")
+
+    monkeypatch.setattr(partition, "profile_graph", refuse)
+    monkeypatch.setattr(partition, "solve", refuse)
+
+
+@pytest.fixture
+def budget() -> float:
+    return budget_between(_plan(False), 0.3)
+
+
+def test_a_graph_planned_once_is_loaded_not_solved(tmp_path: pathlib.Path, budget: float,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    first = _plan(tmp_path, budget)
+    assert first.plan_cache == "stored" and len(list(tmp_path.glob("*.json"))) == 1
+    _forbid_planning(monkeypatch)
+    again = _plan(tmp_path, budget)
+    assert again.plan_cache == "hit"
+    assert (again.saved, again.recomputed, again.predicted_peak_bytes) == (
+        first.saved, first.recomputed, first.predicted_peak_bytes)
+
+
+def test_a_cached_plan_compiles_to_eager_gradients(tmp_path: pathlib.Path, budget: float) -> None:
+    model, inputs = build("gpt")
+    reference = copy.deepcopy(model)
+    reference(*inputs).backward()
+    _plan(tmp_path, budget)
+    torch._dynamo.reset()
+    compiled = remat.compile(model, budget_gb=budget, compiler="eager", plan_cache=str(tmp_path))
+    compiled(*inputs).backward()
+    (report,) = remat.reports(compiled)
+    assert report.plan_cache == "hit" and report.realized_peak_bytes <= report.planned_budget_bytes
+    for p, p_ref in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, p_ref.grad)
+
+
+def test_another_budget_is_another_entry(tmp_path: pathlib.Path, budget: float) -> None:
+    _plan(tmp_path, budget)
+    assert _plan(tmp_path, budget * 1.5).plan_cache == "stored"
+    assert len(list(tmp_path.glob("*.json"))) == 2
+
+
+def test_entries_are_plain_json_with_their_key(tmp_path: pathlib.Path, budget: float) -> None:
+    report = _plan(tmp_path, budget)
+    (path,) = tmp_path.glob("*.json")
+    entry = json.loads(path.read_text())
+    assert entry["key"]["budget_bytes"] == report.budget_bytes and entry["key"]["torch"] == torch.__version__
+    assert sorted(entry["saved"]) == sorted(report.saved) and len(entry["checksum"]) == 64
+
+
+def _rewrite(path: pathlib.Path, change: object) -> None:
+    entry = json.loads(path.read_text())
+    change(entry)
+    path.write_text(json.dumps(entry))
+
+
+def _refresh_checksum(entry: dict) -> None:
+    body = {k: v for k, v in entry.items() if k != "checksum"}
+    entry["checksum"] = plan_cache._digest(body)
+
+
+@pytest.mark.parametrize(
+    ("damage", "warning"),
+    [
+        (lambda path: path.write_text("{not json"), "ignoring plan cache file"),
+        (lambda path: _rewrite(path, lambda e: e["saved"].append("mm")), "checksum"),
+        (lambda path: _rewrite(path, lambda e: (e["key"].update(torch="0.0"), _refresh_checksum(e))),
+         "another graph"),
+        (lambda path: _rewrite(path, lambda e: (e["saved"].append("no_such_node"), _refresh_checksum(e))),
+         "lacks"),
+    ],
+    ids=["corrupt", "edited", "foreign", "stale-names"],
+)
+def test_bad_files_are_ignored_with_a_warning_and_replaced(tmp_path: pathlib.Path, budget: float, damage: object,
+                                                           warning: str, caplog: pytest.LogCaptureFixture) -> None:
+    first = _plan(tmp_path, budget)
+    (path,) = tmp_path.glob("*.json")
+    damage(path)
+    with caplog.at_level(logging.WARNING, logger="remat.passes.plan_cache"):
+        again = _plan(tmp_path, budget)
+    assert warning in caplog.text
+    assert again.plan_cache == "stored" and again.saved == first.saved
+    assert json.loads(path.read_text())["checksum"]  # rewritten whole
+
+
+def test_switches(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert plan_cache.cache_dir(False) is None
+    assert plan_cache.cache_dir(str(tmp_path)) == tmp_path
+    monkeypatch.setenv("REMAT_PLAN_CACHE", "off")
+    assert plan_cache.cache_dir(True) is None
+    monkeypatch.setenv("REMAT_PLAN_CACHE", str(tmp_path / "env"))
+    assert plan_cache.cache_dir(True) == tmp_path / "env"
+    monkeypatch.delenv("REMAT_PLAN_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert plan_cache.cache_dir(True) == tmp_path / "xdg" / "remat" / "plans"
+    assert _plan(False).plan_cache == ""
+    with pytest.raises(ValueError, match="plan_cache must be"):
+        remat.Options(plan_cache=3)  # type: ignore[arg-type]
+
+
+def test_an_unwritable_folder_warns_and_plans(tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with caplog.at_level(logging.WARNING, logger="remat.passes.plan_cache"):
+        report = _plan(blocker / "plans")
+    assert report.plan_cache == "" and "could not write the plan cache" in caplog.text
