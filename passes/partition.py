@@ -52,7 +52,8 @@ class GraphPlan:
     def __post_init__(self) -> None:
         from remat.report import attach_timelines
 
-        if not self.report.plan_timeline:  # the memory over the step, for Report.plot
+        # the memory over the step, for Report.plot (a plan made elsewhere may bring its own)
+        if self.problem is not None and not self.report.plan_timeline:
             attach_timelines(self.report, self.problem, self.solution)
 
 

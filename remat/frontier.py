@@ -118,8 +118,11 @@ def sweep(model: Callable[..., Any], *inputs: Any, budgets: Sequence[float] | No
 
 
 def capture(model: Callable[..., Any], inputs: Sequence[Any], options: Options) -> GraphPlan:
-    """Capture and profile the first graph of ``model(*inputs)`` once; nothing runs."""
-    backend = RematBackend(options, stop_after_plan=True)
+    """Capture and profile the first graph of ``model(*inputs)`` once; nothing runs.
+
+    The plan cache is bypassed: a cached plan carries no profiled problem to solve again.
+    """
+    backend = RematBackend(replace(options, plan_cache=False), stop_after_plan=True)
     try:
         torch.compile(model, backend=backend)(*inputs)
     except Exception as exc:

@@ -106,3 +106,14 @@ def test_progress_shows_on_a_terminal_only(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr("sys.stderr", terminal)
     assert list(progress(items, desc="solving")) == items
     assert "solving" in terminal.getvalue()
+
+
+def test_sweeps_and_plots_work_with_the_plan_cache_on(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REMAT_PLAN_CACHE", str(tmp_path))
+    model, inputs = build("gpt")
+    first = remat.plan(model, *inputs, compiler="eager")
+    again = remat.plan(model, *inputs, compiler="eager")
+    assert (first.plan_cache, again.plan_cache) == ("stored", "hit")
+    assert again.plan_timeline == first.plan_timeline and again.nodes == first.nodes
+    result = remat.sweep(model, *inputs, points=2, compiler="eager")
+    assert [r["feasible"] for r in result.rows] == [True, True]
