@@ -140,6 +140,8 @@ def cost_rows(report: Report) -> list[tuple[str, str]]:
     out += [("solver", f"{report.solver}: {report.solver_status}, gap {gap}, {report.solve_seconds:.2f} s"),
             ("profiling", f"{report.profile_seconds:.2f} s, {report.joint_graph_steps} steps, "
                           f"{report.candidates} candidates" + (f", on {report.device}" if report.device else ""))]
+    if report.plan_cache == "hit":
+        out.append(("plan cache", "loaded from disk: solve and profile times are those of the stored plan"))
     return out
 
 

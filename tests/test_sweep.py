@@ -115,5 +115,6 @@ def test_sweeps_and_plots_work_with_the_plan_cache_on(tmp_path, monkeypatch: pyt
     again = remat.plan(model, *inputs, compiler="eager")
     assert (first.plan_cache, again.plan_cache) == ("stored", "hit")
     assert again.plan_timeline == first.plan_timeline and again.nodes == first.nodes
+    assert "loaded from disk" in again._repr_html_() and "loaded from disk" not in first._repr_html_()
     result = remat.sweep(model, *inputs, points=2, compiler="eager")
     assert [r["feasible"] for r in result.rows] == [True, True]
