@@ -49,6 +49,13 @@ class GraphPlan:
     random_names: set[str]
     graphs: dict[str, fx.GraphModule] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        from remat.report import attach_timelines
+
+        # the memory over the step, for Report.plot (a plan made elsewhere may bring its own)
+        if self.problem is not None and not self.report.plan_timeline:
+            attach_timelines(self.report, self.problem, self.solution)
+
 
 def solve(problem: Problem, options: Options) -> tuple[Solution, Solution, Solution]:
     """(plan, store-all, smallest-peak plan); raises BudgetError below the minimum."""
@@ -306,3 +313,27 @@ def make_report(problem: Problem, plan: Solution, store_all: Solution, lowest: S
         candidates=len(problem.candidates()),
         notes=list(plan.notes),
     )
+
+
+def plan_budgets(problem: Problem, options: Options, budgets_gb: list[float | None], *,
+                 min_cut: tuple[int | None, float] = (None, 0.0)) -> list[Report | ValueError]:
+    """One profiled problem solved at several budgets (``remat.sweep``): nothing is
+    captured or profiled again. A budget below the smallest feasible one gives its
+    :class:`BudgetError` in place of a Report."""
+    from dataclasses import replace
+
+    from remat.errors import BudgetError
+    from remat.report import attach_timelines
+
+    out: list[Report | ValueError] = []
+    for budget_gb in budgets_gb:
+        at = replace(options, budget_gb=budget_gb)
+        try:
+            plan, store_all, lowest = solve(problem, at)
+        except BudgetError as exc:
+            out.append(exc)
+            continue
+        report = make_report(problem, plan, store_all, lowest, min_cut, at)
+        report.min_feasible_solve_seconds = lowest.solve_seconds
+        out.append(attach_timelines(report, problem, plan, store_all))
+    return out

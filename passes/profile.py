@@ -32,6 +32,8 @@ import torch.fx as fx
 from torch.utils._pytree import tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
+from remat.progress import progress
+
 from . import torch_adapter as adapter
 
 log = logging.getLogger(__name__)
@@ -348,7 +350,7 @@ def profile_graph(graph: fx.Graph, *, mode: Mode = "measure", cache: TimingCache
     device = device_of(graph)
     costs: dict[str, NodeCost] = {}
     with torch.no_grad(), adapter.real_tensors():
-        for node in graph.nodes:
+        for node in progress(list(graph.nodes), desc="remat: profiling", unit="op"):
             if node.op in ("placeholder", "call_function"):
                 node.meta["remat"] = costs[node.name] = annotate(node, mode, device, cache, repeats)
     log.debug("profiled %d nodes, %d cache hits", len(costs), cache.hits)

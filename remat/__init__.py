@@ -5,6 +5,7 @@ Fit one forward+backward under a memory budget at the least added time::
     import remat
     step_model = remat.compile(model, budget_gb=20)
     rep = remat.plan(model, batch, budget_gb=20)
+    frontier = remat.sweep(model, batch, points=6)
 """
 
 from remat import solvers  # noqa: F401  (remat.solvers, torch-free)
@@ -13,10 +14,12 @@ from .api import compile, plan, reports
 from .backend import register as _register
 from .budget import budget_bytes
 from .errors import BudgetError, PlanError, SolverUnavailable
+from .frontier import Frontier, sweep
 from .options import Options
 from .report import NodeRow, Report
 
 _register()
 
-__all__ = ["BudgetError", "NodeRow", "Options", "PlanError", "Report", "SolverUnavailable", "budget_bytes", "compile", "plan", "reports"]
+__all__ = ["BudgetError", "Frontier", "NodeRow", "Options", "PlanError", "Report", "SolverUnavailable", "budget_bytes",
+           "compile", "plan", "reports", "sweep"]
 __version__ = "0.1.0"

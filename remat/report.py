@@ -1,14 +1,25 @@
-"""Report: one per compiled graph, data first (``to_dict`` / ``to_json``)."""
+"""Report: one per compiled graph, data first (``to_dict`` / ``to_json``).
+
+Rendering for notebooks (``to_pandas``, ``_repr_html_``, ``plot``) lives in
+:mod:`remat.render` and imports pandas and matplotlib only when called.
+"""
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
+from remat import solvers
 from remat.solvers.problem import Kind, Problem, Value
 from remat.solvers.solution import Solution
 
 from .errors import format_bytes
+
+# Timelines stored in a Report keep at most this many points (bucket maxima).
+MAX_TIMELINE_POINTS = 2000
 
 
 @dataclass(frozen=True)
@@ -22,6 +33,8 @@ class NodeRow:
     seconds: float
     decision: str  # kept | recomputed | freed | input | backward
     reason: str
+    category: str = ""  # matmul | attention | pointwise | reduction | view | random | ...
+    added_seconds: float = 0.0  # what this decision adds to the step (recompute, or keep when fused)
 
 
 @dataclass(repr=False)
@@ -52,6 +65,12 @@ class Report:
     device: str = ""
     plan_cache: str = ""  # "stored" when written to the plan cache, "hit" when loaded from it
     notes: list[str] = field(default_factory=list)
+    # Memory over the step (bytes), for ``plot``: point i covers steps
+    # timeline_steps[i] up to the next point and holds their maximum.
+    timeline_steps: list[int] = field(default_factory=list)
+    plan_timeline: list[int] = field(default_factory=list)
+    store_all_timeline: list[int] = field(default_factory=list)
+    backward_starts_at: int = 0  # the first backward step
 
     @property
     def recomputed(self) -> list[str]:
@@ -72,6 +91,24 @@ class Report:
 
     def to_json(self, **kwargs: object) -> str:
         return json.dumps(self.to_dict(), **kwargs)
+
+    def to_pandas(self) -> Any:
+        """One row per node: name, op, category, bytes, flops, seconds, decision, reason (needs pandas)."""
+        from .render import report_frame
+
+        return report_frame(self)
+
+    def plot(self) -> Any:
+        """A matplotlib Figure: memory over the forward and backward, store-all
+        against the plan against the budget, the peak marked (needs matplotlib)."""
+        from .render import report_figure
+
+        return report_figure(self)
+
+    def _repr_html_(self) -> str:
+        from .render import report_html
+
+        return report_html(self)
 
     def __repr__(self) -> str:
         return (f"Report(budget={format_bytes(self.budget_bytes)}, predicted_peak={format_bytes(self.predicted_peak_bytes)}, "
@@ -100,35 +137,155 @@ class Report:
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
 
 
-def decision_of(v: Value, solution: Solution) -> tuple[str, str]:
+# --- timelines ---------------------------------------------------------------
+
+
+def downsample(lines: list[tuple[int, ...]], limit: int = MAX_TIMELINE_POINTS) -> tuple[list[int], list[list[int]]]:
+    """Bucket maxima of equally long timelines: (first step of each bucket, lines).
+
+    >>> downsample([(1, 5, 2, 2, 9)], limit=3)
+    ([0, 2, 4], [[5, 2, 9]])
+    """
+    n = len(lines[0]) if lines else 0
+    width = max(1, math.ceil(n / limit))
+    steps = list(range(0, n, width))
+    return steps, [[max(line[s:s + width]) for s in steps] for line in lines]
+
+
+def attach_timelines(report: Report, problem: Problem, plan: Solution, store_all: Solution | None = None) -> Report:
+    """Store the plan's and store-all's memory timelines (downsampled) in ``report``."""
+    store_all = store_all if store_all is not None else solvers.store_all(problem)
+    steps, (planned, kept) = downsample([plan.timeline, store_all.timeline])
+    report.timeline_steps, report.plan_timeline, report.store_all_timeline = steps, planned, kept
+    report.backward_starts_at = problem.num_forward_steps
+    return report
+
+
+# --- decisions and their reasons ---------------------------------------------
+
+MATMULS = frozenset({"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "linear", "_int_mm"})
+TAGGED = (("nondeterministic_seeded", "random"), ("reduction", "reduction"), ("pointwise", "pointwise"))
+VIEWS = frozenset({"view", "_unsafe_view", "reshape", "_reshape_alias", "t", "transpose", "permute", "expand",
+                   "slice", "select", "unsqueeze", "squeeze", "as_strided", "alias", "split", "split_with_sizes",
+                   "unbind", "chunk", "narrow", "unfold", "diagonal", "detach", "view_as_real", "view_as_complex"})
+NAMED = (("scaled_dot_product", "attention"), ("flash_attention", "attention"), ("convolution", "convolution"),
+         ("norm", "normalization"), ("softmax", "softmax"), ("embedding", "embedding"), ("loss", "loss"))
+
+
+@functools.lru_cache(maxsize=None)
+def op_tags(op: str) -> frozenset[str]:
+    """The torch tags of an op named like ``aten.mul.Tensor`` (empty when unknown)."""
+    import torch
+
+    parts = op.split(".")
+    if len(parts) != 3:
+        return frozenset()
+    try:
+        overload = getattr(getattr(getattr(torch.ops, parts[0]), parts[1]), parts[2])
+        return frozenset(t.name for t in overload.tags)
+    except (AttributeError, RuntimeError):
+        return frozenset()
+
+
+def op_category(value: Value, by_name: dict[str, Value]) -> str:
+    """What kind of op made ``value``: matmul, attention, pointwise, view, random, ..."""
+    if value.kind is Kind.INPUT:
+        return "input"
+    if value.op == "tangent":
+        return "gradient"
+    if value.recompute_ban and value.recompute_ban.startswith("random"):
+        return "random"
+    if "getitem" in value.op:  # an element of a multi-output op: the op's kind
+        parent = by_name.get(value.operands[0]) if value.operands else None
+        return op_category(parent, by_name) if parent is not None else "multi-output"
+    name = value.op.split(".")[1] if value.op.count(".") == 2 else value.op
+    if name in MATMULS:
+        return "matmul"
+    for part, category in NAMED:
+        if part in name:
+            return category
+    tags = op_tags(value.op)
+    for tag, category in TAGGED:
+        if tag in tags:
+            return category
+    return "view" if name in VIEWS else "other"
+
+
+def short_op(op: str) -> str:
+    """``aten.addmm.default`` -> ``addmm``."""
+    return op.split(".")[1] if op.count(".") == 2 else op
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms"
+
+
+def mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.3g} MiB"
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a reason may refer to: every value by name, and who needs which operand kept."""
+
+    by_name: dict[str, Value]
+    kept_for: dict[str, str]  # operand -> a recomputed value that needs it kept
+
+    @staticmethod
+    def of(problem: Problem, solution: Solution) -> Context:
+        by_name = problem.by_name()
+        kept_for = {}
+        for name in sorted(solution.recomputed):
+            for operand in by_name[name].keep_operands if name in by_name else ():
+                kept_for.setdefault(operand, name)
+        return Context(by_name, kept_for)
+
+    def origin(self, v: Value) -> Value:
+        """The op that computes ``v``: itself, or for an element of a multi-output op, that op."""
+        if "getitem" in v.op and v.operands and v.operands[0] in self.by_name:
+            return self.by_name[v.operands[0]]
+        return v
+
+
+def decision_of(v: Value, solution: Solution, context: Context | None = None) -> tuple[str, str]:
     if v.kind is Kind.INPUT:
         return "input", "graph input: alive throughout the step"
     if v.kind is Kind.BACKWARD:
         return "backward", "computed in the backward"
+    context = context or Context({v.name: v}, {})
     if v.name in solution.saved:
-        return "kept", kept_reason(v)
+        return "kept", kept_reason(v, context)
     if v.name in solution.recomputed:
-        return "recomputed", recomputed_reason(v)
+        return "recomputed", recomputed_reason(v, context)
     return "freed", "freed after its last forward use: the backward never reads it"
 
 
-def kept_reason(v: Value) -> str:
+def kept_reason(v: Value, context: Context) -> str:
     if v.recompute_ban:
         return f"kept: {v.recompute_ban}"
-    return f"kept: recompute would cost {v.recompute_seconds * 1e3:.3f} ms"
+    origin = context.origin(v)
+    what = op_category(v, context.by_name)
+    made_by = f"{what} output" if origin is v else f"output of {short_op(origin.op)} ({what})"
+    if v.name in context.kept_for:
+        return f"kept: {made_by}, needed to recompute {context.kept_for[v.name]}"
+    return f"kept: {made_by}, recompute would cost {ms(origin.recompute_seconds)}"
 
 
-def recomputed_reason(v: Value) -> str:
+def recomputed_reason(v: Value, context: Context) -> str:
     if v.bytes == 0:
         return "recomputed: a view, free"
-    if v.save_seconds > 0:
-        return "recomputed: pointwise, fused into its consumer"
-    return f"recomputed: frees {v.bytes / 2**20:.2f} MiB for {v.recompute_seconds * 1e3:.3f} ms"
+    what = op_category(v, context.by_name)
+    if v.save_seconds > 0 or v.recompute_bytes == 0:
+        return f"recomputed: {what}, fused into its consumer, frees {mib(v.bytes)}"
+    return f"recomputed: {what}, frees {mib(v.bytes)} for {ms(context.origin(v).recompute_seconds)}"
 
 
 def node_rows(problem: Problem, solution: Solution) -> list[NodeRow]:
+    context = Context.of(problem, solution)
     rows = []
     for v in problem.values:
-        decision, reason = decision_of(v, solution)
-        rows.append(NodeRow(v.name, v.op, v.bytes, v.flops, v.seconds, decision, reason))
+        decision, reason = decision_of(v, solution, context)
+        added = v.recompute_seconds if decision == "recomputed" else v.save_seconds if decision == "kept" else 0.0
+        rows.append(NodeRow(v.name, v.op, v.bytes, v.flops, v.seconds, decision, reason,
+                            op_category(v, context.by_name), added))
     return rows

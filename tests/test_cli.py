@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from remat import cli
 
 
@@ -29,3 +31,95 @@ def test_errors_are_one_line(capsys) -> None:  # type: ignore[no-untyped-def]
 def test_help_runs_as_a_module() -> None:
     out = subprocess.run([sys.executable, "-m", "remat.cli", "plan", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "--budget-gb" in out.stdout
+
+
+FACTORY = '''
+import torch
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.GELU(), torch.nn.Linear(128, 1))
+
+    def forward(self, x):
+        return self.body(x).pow(2).mean()
+
+
+def make():
+    return Net(), (torch.randn(64, 32),)
+
+
+def wrong():
+    return "a model"
+
+
+def broken():
+    raise RuntimeError("no GPU here")
+'''
+
+
+@pytest.fixture
+def user_package(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """A package of the user's own in the current folder, as ``remat plan --module`` finds it."""
+    (tmp_path / "cli_user_models.py").write_text(FACTORY)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "cli_user_models", raising=False)
+    return tmp_path
+
+
+def test_plan_a_model_of_ones_own(user_package, capsys) -> None:  # type: ignore[no-untyped-def]
+    assert cli.main(["plan", "--module", "cli_user_models:make", "--compiler", "eager", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert any(n["category"] == "matmul" for n in report["nodes"])
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("cli_user_models", "--module takes pkg.module:factory, got 'cli_user_models'"),
+    ("no_such_pkg.models:make", "cannot import 'no_such_pkg.models': No module named 'no_such_pkg'"),
+    ("cli_user_models:missing", "module 'cli_user_models' has no callable 'missing'"),
+    ("cli_user_models:wrong", "cli_user_models:wrong() must return (model, inputs), not str"),
+    ("cli_user_models:broken", "cli_user_models:broken() raised RuntimeError: no GPU here"),
+])
+def test_module_errors_are_one_line(user_package, capsys, spec: str,  # type: ignore[no-untyped-def]
+                                    message: str) -> None:
+    assert cli.main(["plan", "--module", spec]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"remat: {message}\n" and not captured.out
+
+
+def test_model_and_module_are_one_or_the_other(capsys) -> None:  # type: ignore[no-untyped-def]
+    assert cli.main(["plan"]) == 2
+    assert cli.main(["plan", "gpt", "--module", "a:b"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and "name a built-in model" in err[0] and "not both" in err[1]
+
+
+def test_sweep_writes_table_and_plot(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "frontier"
+    assert cli.main(["sweep", "gpt", "--points", "3", "--compiler", "eager", "--out", str(out)]) == 0
+    assert "| budget |" in capsys.readouterr().out
+    data = json.loads((out / "sweep.json").read_text())
+    assert len(data["rows"]) == 3 and all(r["feasible"] for r in data["rows"])
+    assert (out / "sweep.md").read_text().count("| yes |") == 3
+    assert (out / "sweep.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_demo_runs(capsys) -> None:  # type: ignore[no-untyped-def]
+    assert cli.main(["demo", "--device", "cpu", "--layers", "1", "--compiler", "eager"]) == 0
+    assert "measured peak" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["plan", "sweep", "demo"])
+def test_each_command_has_help(command: str, capsys) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SystemExit) as done:
+        cli.main([command, "--help"])
+    assert done.value.code == 0 and f"usage: remat {command}" in capsys.readouterr().out
+
+
+def test_usage_errors_are_one_line(capsys) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SystemExit) as done:
+        cli.main(["sweep", "gpt", "--budgets-gb", "1,x"])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and err.count("\n") == 1 and "--budgets-gb" in err

@@ -1,0 +1,222 @@
+"""Budget sweeps (``remat.sweep``): one capture and one profile, a plan at each budget, the frontier.
+
+    frontier = remat.sweep(model, *inputs, points=6)
+    frontier.rows                 # plain data, one dict per budget
+    frontier.to_pandas(); frontier.plot(); frontier.to_json()
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from remat import solvers
+from remat.passes import torch_adapter as adapter
+from remat.passes.partition import GraphPlan, PlanComplete, plan_budgets
+
+from .backend import RematBackend
+from .errors import GIB, BudgetError
+from .measure import step_peak, tensor_bytes
+from .options import Options
+from .progress import progress
+from .report import Report
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Frontier:
+    """Predicted (and, with ``measure=True``, measured) peak and time at each budget.
+
+    ``rows`` is plain data, one dict per budget in the order given: ``budget_gb``,
+    ``budget_bytes``, ``feasible``, ``status``, ``predicted_peak_bytes``,
+    ``predicted_overhead_seconds``, ``recomputed``, ``kept``, ``solve_seconds``,
+    ``mip_gap``, and with ``measure=True`` ``measured_peak_bytes`` and
+    ``step_seconds``. Infeasible budgets have ``feasible=False`` and no prediction.
+    """
+
+    rows: list[dict[str, Any]]
+    store_all_peak_bytes: int
+    min_feasible_bytes: int
+    compiler: str
+    headroom: float
+    device: str = ""
+    measured: bool = False
+    measured_device: str = ""
+    reports: list[Report | None] = field(default_factory=list, repr=False)  # one per row, None when infeasible
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rows": [dict(r) for r in self.rows], "store_all_peak_bytes": self.store_all_peak_bytes,
+                "min_feasible_bytes": self.min_feasible_bytes, "compiler": self.compiler, "headroom": self.headroom,
+                "device": self.device, "measured": self.measured, "measured_device": self.measured_device}
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    def to_pandas(self) -> Any:
+        from .render import frontier_frame
+
+        return frontier_frame(self)
+
+    def to_markdown(self) -> str:
+        from .render import frontier_markdown
+
+        return frontier_markdown(self)
+
+    def plot(self) -> Any:
+        """A matplotlib Figure: predicted peak against predicted added time."""
+        from .render import frontier_figure
+
+        return frontier_figure(self)
+
+    def _repr_html_(self) -> str:
+        from .render import frontier_html
+
+        return frontier_html(self)
+
+
+def sweep(model: Callable[..., Any], *inputs: Any, budgets: Sequence[float] | None = None, points: int = 6,
+          solver: str = "ilp", time_limit_s: float = 30.0, profile: str = "measure", compiler: str = "inductor",
+          headroom: float | None = None, measure: bool = False) -> Frontier:
+    """Plan ``model(*inputs)`` at several budgets (GiB) and return the frontier.
+
+    The graph is captured and profiled once; each budget is one solve. Without
+    ``budgets``, ``points`` budgets spread from the smallest feasible to the one
+    at which keeping everything fits. Budgets below the smallest feasible are
+    rows with ``feasible=False``. With ``measure=True`` each feasible budget is
+    also compiled and one step run (on the model's device, CPU included) for
+    its measured peak and step time; this forgets torch.compile's earlier
+    graphs in this process and leaves the model's gradients as it found them.
+    """
+    if budgets is None and (isinstance(points, bool) or not isinstance(points, int) or points < 1):
+        raise ValueError(f"points must be a positive whole number, not {points!r}")
+    options = Options(solver=solver, time_limit_s=time_limit_s, profile=profile, compiler=compiler, headroom=headroom)
+    if budgets is not None:
+        for b in budgets:
+            replace(options, budget_gb=b)  # refuses malformed budgets before anything runs
+    captured = capture(model, inputs, options)
+    base = captured.report
+    chosen = list(budgets) if budgets is not None else spread(base, points)
+    store_all = solvers.store_all(captured.problem)
+    min_cut = (base.min_cut_peak_bytes, (base.min_cut_overhead_seconds or 0.0) + store_all.added_seconds)
+    results = [plan_budgets(captured.problem, options, [gb], min_cut=min_cut)[0]
+               for gb in progress(chosen, desc="remat: solving", unit="budget")]
+    reports = [r if isinstance(r, Report) else None for r in results]
+    rows = [row(gb, r) for gb, r in zip(chosen, results)]
+    frontier = Frontier(rows, base.store_all_peak_bytes, base.min_feasible_bytes, compiler,
+                        options.headroom_fraction, base.device, reports=reports)
+    if measure:
+        measure_frontier(frontier, model, inputs, options)
+    log.info("remat sweep over %d budgets:\n%s", len(rows), frontier.to_markdown())
+    return frontier
+
+
+def capture(model: Callable[..., Any], inputs: Sequence[Any], options: Options) -> GraphPlan:
+    """Capture and profile the first graph of ``model(*inputs)`` once; nothing runs.
+
+    The plan cache is bypassed: a cached plan carries no profiled problem to solve again.
+    """
+    backend = RematBackend(replace(options, plan_cache=False), stop_after_plan=True)
+    try:
+        torch.compile(model, backend=backend)(*inputs)
+    except Exception as exc:
+        inner = adapter.unwrap_backend_error(exc) or exc
+        if not isinstance(inner, PlanComplete):
+            raise inner from None
+    if not backend.planner.plans:
+        raise ValueError("nothing to plan: the model produced no graph that needs a backward "
+                         "(do its outputs require grad?)")
+    return backend.planner.plans[0]
+
+
+def spread(report: Report, points: int) -> list[float]:
+    """``points`` budgets (GiB) from the smallest feasible to the one at which keeping everything fits."""
+    low = report.min_feasible_bytes
+    high = max(low, report.store_all_peak_bytes / (1 - report.headroom))
+    if points == 1 or high == low:
+        return [high / GIB]
+    return [(low + i * (high - low) / (points - 1)) / GIB for i in range(points)]
+
+
+def row(budget_gb: float, result: Report | ValueError) -> dict[str, Any]:
+    if isinstance(result, Report):
+        return {"budget_gb": budget_gb, "budget_bytes": result.budget_bytes, "feasible": True,
+                "status": result.solver_status, "predicted_peak_bytes": result.predicted_peak_bytes,
+                "predicted_overhead_seconds": result.predicted_overhead_seconds,
+                "recomputed": len(result.recomputed), "kept": len(result.saved),
+                "solve_seconds": result.solve_seconds, "mip_gap": result.mip_gap}
+    budget = result.budget_bytes if isinstance(result, BudgetError) else int(budget_gb * GIB)
+    return {"budget_gb": budget_gb, "budget_bytes": budget, "feasible": False, "status": "infeasible",
+            "predicted_peak_bytes": None, "predicted_overhead_seconds": None, "recomputed": None, "kept": None,
+            "solve_seconds": None, "mip_gap": None}
+
+
+def device_of(model: Any, inputs: Sequence[Any]) -> torch.device:
+    tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
+    if isinstance(model, torch.nn.Module):
+        tensors += list(model.parameters())
+    return tensors[0].device if tensors else torch.device("cpu")
+
+
+def measure_frontier(frontier: Frontier, model: Callable[..., Any], inputs: Sequence[Any], options: Options) -> None:
+    """Compile and run one step per feasible budget; add measured peak and step time."""
+    device = device_of(model, inputs)
+    frontier.measured, frontier.measured_device = True, str(device)
+    held = list(model.parameters()) + list(model.buffers()) if isinstance(model, torch.nn.Module) else []
+    fixed = tensor_bytes(held + list(inputs))
+    grads = [(p, p.grad) for p in model.parameters()] if isinstance(model, torch.nn.Module) else []
+    try:
+        for r, report in progress(list(zip(frontier.rows, frontier.reports)), desc="remat: measuring", unit="budget"):
+            r["measured_peak_bytes"] = r["step_seconds"] = None
+            if report is None:
+                continue
+            peak, seconds = measure_step(model, inputs, replace(options, budget_gb=r["budget_gb"]), device)
+            r["measured_peak_bytes"], r["step_seconds"] = peak + fixed, seconds
+            report.measured_peak_bytes = peak + fixed
+    finally:
+        for p, grad in grads:
+            p.grad = grad
+
+
+def measure_step(model: Callable[..., Any], inputs: Sequence[Any], options: Options,
+                 device: torch.device) -> tuple[int, float]:
+    """(peak bytes above what was allocated before, seconds) of one compiled step."""
+    import remat
+
+    adapter.reset_compiled()  # a fresh capture: dynamo would otherwise reuse an earlier budget's graphs
+    compiled = remat.compile(model, budget_gb=options.budget_gb, solver=options.solver,
+                             time_limit_s=options.time_limit_s, profile=options.profile,
+                             compiler=options.compiler, headroom=options.headroom)
+
+    def step() -> None:
+        loss = compiled(*inputs)
+        if not isinstance(loss, torch.Tensor):
+            raise TypeError(f"measure=True needs the model to return a tensor (its loss), not {type(loss).__name__}")
+        (loss if loss.dim() == 0 else loss.sum()).backward()
+
+    def clear() -> None:
+        if isinstance(model, torch.nn.Module):
+            model.zero_grad(set_to_none=True)
+
+    step()  # capture, plan, compile
+    clear()
+    peak = step_peak(step, device)
+    clear()
+    synchronize(device)
+    start = time.perf_counter()
+    step()
+    synchronize(device)
+    seconds = time.perf_counter() - start
+    clear()
+    return peak, seconds
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
