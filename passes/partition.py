@@ -19,9 +19,9 @@ import torch.fx as fx
 
 from remat import solvers
 from remat.budget import infeasible, min_budget_bytes
-from remat.errors import PlanError, format_bytes
+from remat.errors import BudgetError, PlanError, format_bytes
 from remat.options import Options
-from remat.report import Report, node_rows
+from remat.report import Report, attach_timelines, node_rows
 from remat.solvers.problem import Problem
 from remat.solvers.solution import Solution, Status
 
@@ -49,21 +49,17 @@ class GraphPlan:
     random_names: set[str]
     graphs: dict[str, fx.GraphModule] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        from remat.report import attach_timelines
 
-        # the memory over the step, for Report.plot (a plan made elsewhere may bring its own)
-        if self.problem is not None and not self.report.plan_timeline:
-            attach_timelines(self.report, self.problem, self.solution)
+def solve(problem: Problem, options: Options, lowest: Solution | None = None) -> tuple[Solution, Solution, Solution]:
+    """(plan, store-all, smallest-peak plan); raises BudgetError below the minimum.
 
-
-def solve(problem: Problem, options: Options) -> tuple[Solution, Solution, Solution]:
-    """(plan, store-all, smallest-peak plan); raises BudgetError below the minimum."""
+    ``lowest``: the smallest-peak plan when already known (a sweep solves it once).
+    """
     budget = options.planned_bytes
     config = solvers.ILPConfig(time_limit_s=options.time_limit_s)
     store_all = solvers.store_all(problem)
-    # any valid plan bounds the smallest peak; the ILP's may be time-limited
-    lowest = min(smallest_peak(problem, config), store_all, key=lambda s: s.peak_bytes)
+    if lowest is None:  # any valid plan bounds the smallest peak; the ILP's may be time-limited
+        lowest = min(smallest_peak(problem, config), store_all, key=lambda s: s.peak_bytes)
     if budget is not None and budget < lowest.peak_bytes:
         raise infeasible(problem, options.budget_bytes, lowest, options.headroom_fraction)
     # No plan holds more than keeping everything: a budget at or above that
@@ -223,6 +219,7 @@ class Planner:
         min_cut_saved = adapter.min_cut_saved_values(joint_graph, node_info)
         min_cut_seconds = time.perf_counter() - t1
         report = make_report(problem, plan, store_all, lowest, score_min_cut(problem, min_cut_saved), self.options)
+        attach_timelines(report, problem, plan, store_all)
         report.profile_seconds, report.min_cut_seconds = profile_seconds, min_cut_seconds
         report.min_feasible_solve_seconds = lowest.solve_seconds
         random = {n.name for n in joint_graph.nodes if costs.get(n.name) and costs[n.name].kind == "random"}
@@ -320,16 +317,13 @@ def plan_budgets(problem: Problem, options: Options, budgets_gb: list[float | No
     """One profiled problem solved at several budgets (``remat.sweep``): nothing is
     captured or profiled again. A budget below the smallest feasible one gives its
     :class:`BudgetError` in place of a Report."""
-    from dataclasses import replace
-
-    from remat.errors import BudgetError
-    from remat.report import attach_timelines
-
     out: list[Report | ValueError] = []
+    config = solvers.ILPConfig(time_limit_s=options.time_limit_s)
+    lowest = min(smallest_peak(problem, config), solvers.store_all(problem), key=lambda s: s.peak_bytes)
     for budget_gb in budgets_gb:
         at = replace(options, budget_gb=budget_gb)
         try:
-            plan, store_all, lowest = solve(problem, at)
+            plan, store_all, _ = solve(problem, at, lowest)
         except BudgetError as exc:
             out.append(exc)
             continue

@@ -236,8 +236,12 @@ class Context:
         by_name = problem.by_name()
         kept_for = {}
         for name in sorted(solution.recomputed):
-            for operand in by_name[name].keep_operands if name in by_name else ():
+            value = by_name.get(name)
+            for operand in value.keep_operands if value else ():
                 kept_for.setdefault(operand, name)
+            for operand in value.operands if value else ():
+                if operand in solution.saved and not by_name[operand].direct_need:
+                    kept_for.setdefault(operand, name)  # kept only so that ``name`` can be recomputed
         return Context(by_name, kept_for)
 
     def origin(self, v: Value) -> Value:
