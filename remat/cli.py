@@ -207,13 +207,13 @@ def main(argv: list[str] | None = None) -> int:
     level = logging.WARNING if not args.verbose else logging.INFO if args.verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(name)s: %(message)s")
     logging.getLogger("remat").setLevel(level)
-    from .errors import BudgetError, PlanError
+    from .errors import BudgetError, PlanError, SolverUnavailable
 
     if os.getcwd() not in sys.path:  # models come from where the command runs, as with python -m
         sys.path.insert(0, os.getcwd())
     try:
         args.run(args)
-    except (BudgetError, PlanError, ValueError, TypeError, ImportError, OSError) as exc:
+    except (BudgetError, PlanError, SolverUnavailable, ValueError, TypeError, ImportError, OSError) as exc:
         if args.traceback:
             raise
         print(f"remat: {one_line(exc)}", file=sys.stderr)
