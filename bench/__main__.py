@@ -86,11 +86,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None, help="timed steps per row (default 10; smoke 2)")
     p.add_argument("--warmup", type=int, default=None, 
                    help="warm-up steps per row, compile included (default 3; smoke 1)")
+    p.add_argument("--headroom", type=float, default=None,
+                   help="remat's headroom (fraction of the budget held back); default: remat's own for the compiler")
     p.add_argument("--no-sweep", action="store_true", help="skip remat's own budget sweep")
     p.add_argument("--max-minutes", type=float, default=None,
                    help="wall-clock budget for all models; rows past a model's share are recorded as skipped "
                         "(default 8 on CUDA, none on the CPU)")
     p.add_argument("--scaling", action="store_true", help="run the solver-scaling benchmark instead (CPU)")
+    p.add_argument("--render", nargs="+", default=None, metavar="JSON",
+                   help="rewrite the markdown and plot of these result files from their rows")
     p.add_argument("--layers", type=int, nargs="+", default=None, help="depths for --scaling")
     return p.parse_args(argv)
 
@@ -104,6 +108,7 @@ def setup_for(args: argparse.Namespace) -> pareto.Setup:
         warmup=args.warmup if args.warmup is not None else (1 if smoke else 3),
         steps=args.steps if args.steps is not None else (2 if smoke else 10),
         autocast=args.device == "cuda",
+        headroom=args.headroom,
     )
 
 
@@ -123,11 +128,20 @@ def as_dicts(rows: list[pareto.Row]) -> list[dict[str, Any]]:
 
 def write(out: pathlib.Path, stem: str, info: dict, result: dict) -> str:
     """JSON, markdown and PNG for one model; returns its summary line."""
-    rows = as_dicts(result["rows"])
+    return write_rows(out, stem, info, result["bounds"], as_dicts(result["rows"]))
+
+
+def rerender(path: pathlib.Path) -> str:
+    """Rewrite a result's markdown, plot and checks from its JSON rows (after the renderer changed)."""
+    data = json.loads(path.read_text())
+    return write_rows(path.parent, path.stem, data["meta"], data["bounds"], data["rows"])
+
+
+def write_rows(out: pathlib.Path, stem: str, info: dict, bounds: dict, rows: list[dict[str, Any]]) -> str:
     model = info["model"]
     checks = render.targets(model, rows, sdpa=model in SDPA_MODELS)
     line = render.summary_line(model, rows)
-    payload = {"meta": info, "bounds": result["bounds"], "rows": rows, "matched": render.matched(rows),
+    payload = {"meta": info, "bounds": bounds, "rows": rows, "matched": render.matched(rows),
                "targets": checks, "summary": line}
     (out / f"{stem}.json").write_text(json.dumps(payload, indent=2, default=str))
     title = f"{model}, {info['device']}, torch {info['torch']}"
@@ -165,7 +179,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> list[str]:
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     today = dt.date.today().isoformat()
-    kind = f"{args.device}-smoke" if args.smoke else args.device
+    kind = args.device + ("-smoke" if args.smoke else "")
+    kind += f"-headroom{args.headroom:g}" if args.headroom is not None else ""
     start, lines = time.monotonic(), []
     for i, name in enumerate(models):
         deadline = float("inf")
@@ -190,6 +205,10 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     args = parse(argv)
+    if args.render:
+        for path in args.render:
+            print(rerender(pathlib.Path(path)))
+        return
     if args.scaling:
         scaling.main([*(["--layers", *map(str, args.layers)] if args.layers else []), "--out", args.out])
         return

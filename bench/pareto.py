@@ -40,6 +40,7 @@ class Setup:
     device: str
     backend: str = "inductor"  # torch.compile's backend for the peers
     compiler: str = "inductor"  # remat's
+    headroom: float | None = None  # remat's headroom; None: its default for the compiler
     warmup: int = 3
     steps: int = 10
     autocast: bool = False  # bf16 autocast (CUDA)
@@ -142,7 +143,8 @@ def guarded(row: Row, setup: Setup, fn: Callable[[], Row]) -> Row:
     except BudgetError as exc:
         row.status, row.min_feasible_bytes = "infeasible", exc.min_feasible_bytes
     except Exception as exc:  # a failing peer is a finding, recorded in its row
-        log.exception("row %r failed", row.policy)
+        log.warning("row %r failed: %s: %s", row.policy, type(exc).__name__, exc)
+        log.debug("row %r failed", row.policy, exc_info=True)
         row.status = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
     finally:
         adapter.reset_compiled()
@@ -167,7 +169,7 @@ def remat_row(row: Row, model: nn.Module, inputs: tuple, setup: Setup) -> Row:
     def go() -> Row:
         adapter.reset_compiled()
         budget = None if row.budget_bytes is None else row.budget_bytes / GIB
-        compiled = remat.compile(model, budget_gb=budget, compiler=setup.compiler)
+        compiled = remat.compile(model, budget_gb=budget, compiler=setup.compiler, headroom=setup.headroom)
         measure(row, model, compiled, inputs, setup)
         reps = remat.reports(compiled)
         row.predicted_peak_bytes = max(r.predicted_peak_bytes for r in reps)
@@ -185,7 +187,7 @@ def remat_row(row: Row, model: nn.Module, inputs: tuple, setup: Setup) -> Row:
 def plan_bounds(model: nn.Module, inputs: tuple, setup: Setup) -> dict[str, float]:
     """remat's smallest feasible budget and the budget above which no plan binds."""
     with autocast(setup):
-        top = remat.plan(model, *inputs, compiler=setup.compiler)
+        top = remat.plan(model, *inputs, compiler=setup.compiler, headroom=setup.headroom)
     adapter.reset_compiled()
     return {"min_feasible_bytes": top.min_feasible_bytes, "store_all_peak_bytes": top.store_all_peak_bytes,
             "unbinding_bytes": top.store_all_peak_bytes / (1 - top.headroom), "headroom": top.headroom,
