@@ -61,8 +61,9 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "llama": {"layers": 2, "d_model": 64, "heads": 4, "seq": 64, "vocab": 256, "batch": 4},
     },
 }
-CPU_NOTE = ("CPU step times come from a shared machine and are noisy; the memory columns are what this run "
-            "measures well. Peaks are the CPU profiler's [memory] events during one step plus the graph's inputs.")
+CPU_NOTE = ("CPU step times come from a shared machine and are noisy: neither they nor the time targets below "
+            "are evidence of speed; the memory columns are what this run measures well. Peaks are the CPU profiler's "
+            "[memory] events during one step plus the graph's inputs.")
 log = logging.getLogger("bench")
 
 
