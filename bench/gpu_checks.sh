@@ -6,7 +6,9 @@
 #
 # PuLP and highspy wheels found in .whl/ (for that machine's Python) are
 # installed into a scratch folder first; remat itself is installed there too,
-# so its package-dir mapping (remat.passes, remat.solvers) holds.
+# so its package-dir mapping (remat.passes, remat.solvers) holds. Matplotlib
+# (for the Pareto plots) and scipy (torch's "ilp" budget solver) are used if
+# that machine has them; without matplotlib the tables are still written.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 results=${1:-bench/results}
@@ -19,3 +21,5 @@ export PYTHONPATH="$site:$PWD" PYTHONUNBUFFERED=1
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 python3 -m pytest -q -m cuda tests/test_cuda.py
 python3 -m bench.budgets --device cuda --out "$results"
+# Every model beside every PyTorch peer, bf16 autocast, rows past an 8-minute budget recorded as skipped.
+python3 -m bench --device cuda --out "$results"

@@ -1,14 +1,16 @@
 """Solver scaling: plan GPT-style models of growing depth on this machine's CPU.
 
-    python -m bench.scaling                      # 2, 12 and 48 layers, d=256, seq 128
+    python -m bench.scaling                      # 2 to 48 layers, d=256, seq 128
     python -m bench.scaling --layers 2 12 --out bench/results
+    python -m bench --scaling                    # the same, from the bench entry point
 
 Records, per depth: joint-graph steps, keep/recompute candidates, profiling
 seconds (the first plan of each depth; ops already timed at a smaller depth
 come from the per-process cost cache), the ILP's solve seconds, status and
 gap at a binding budget (half way between the smallest feasible and
 store-all), the smallest-peak solve, and torch's own min-cut decision time
-on the same graph.
+on the same graph. Writes <date>-cpu-scaling.{json,md,png}; the markdown
+checks the targets (12 layers solved in at most 5 s, 48 in at most 30 s).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from bench.models import build
 from remat.errors import GIB
 
 SIZE = {"d_model": 256, "heads": 8, "seq": 128, "vocab": 1024, "batch": 8}
+DEPTHS = (2, 4, 8, 12, 24, 48)
+TARGETS = {12: 5.0, 48: 30.0}  # layers: most ILP solve seconds
 
 
 def plan_depth(layers: int, compiler: str) -> dict:
@@ -45,18 +49,59 @@ def plan_depth(layers: int, compiler: str) -> dict:
     }
 
 
+def gap(value: float | None) -> str:
+    return "" if value is None else f"{value:.1e}"
+
+
 def markdown(rows: list[dict]) -> str:
-    head = ("| layers | steps | candidates | profile s | ILP solve s | status | gap | min-peak solve s "
+    head = ("| layers | joint-graph nodes | candidates | profile s | ILP solve s | status | gap | min-peak solve s "
             "| torch min-cut s |\n|---|---|---|---|---|---|---|---|---|\n")
     return head + "".join(
         f"| {r['layers']} | {r['joint_graph_steps']} | {r['candidates']} | {r['profile_seconds']} "
-        f"| {r['solve_seconds']} | {r['solver_status']} | {r['mip_gap']} | {r['min_feasible_solve_seconds']} "
+        f"| {r['solve_seconds']} | {r['solver_status']} | {gap(r['mip_gap'])} | {r['min_feasible_solve_seconds']} "
         f"| {r['min_cut_seconds']} |\n" for r in rows)
+
+
+def targets(rows: list[dict]) -> str:
+    """Whether each depth with a target solved within it (the binding-budget solve)."""
+    out = ""
+    for r in rows:
+        limit = TARGETS.get(r["layers"])
+        if limit is not None:
+            met = "yes" if r["solve_seconds"] <= limit else "**no**"
+            out += f"- {r['layers']} layers: ILP solve {r['solve_seconds']} s, target <= {limit:g} s: {met}\n"
+    return out
+
+
+def plot(path: pathlib.Path, rows: list[dict], title: str) -> None:
+    """Solve seconds against joint-graph steps: remat's ILP, its smallest-peak solve, torch's min-cut."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["joint_graph_steps"] for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 5))
+    ax.plot(steps, [r["solve_seconds"] for r in rows], "o-", label="remat ILP, binding budget")
+    ax.plot(steps, [r["min_feasible_solve_seconds"] for r in rows], "s--", label="remat smallest-peak solve")
+    ax.plot(steps, [r["min_cut_seconds"] for r in rows], "^:", label="torch min-cut decision")
+    for r, x in zip(rows, steps):
+        ax.annotate(f"{r['layers']}L", (x, r["solve_seconds"]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("joint-graph steps (nodes)")
+    ax.set_ylabel("seconds")
+    ax.set_title(title)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.scaling", description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, nargs="+", default=[2, 12, 48])
+    parser.add_argument("--layers", type=int, nargs="+", default=list(DEPTHS))
     parser.add_argument("--compiler", default="inductor", choices=["inductor", "eager"])
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args(argv)
@@ -71,9 +116,12 @@ def main(argv: list[str] | None = None) -> None:
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{today}-cpu-scaling.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    title = f"Solver scaling, {today}, CPU ({meta['threads']} threads), torch {meta['torch']}"
+    plot(out / f"{today}-cpu-scaling.png", rows, title)
     (out / f"{today}-cpu-scaling.md").write_text(
-        f"# Solver scaling, {today}, CPU ({meta['threads']} threads), torch {meta['torch']}\n\n"
-        f"Command: `{meta['command']}`\n\n" + markdown(rows))
+        f"# {title}\n\nCommand: `{meta['command']}`\n\nGPT-style, {json.dumps(SIZE)}; planned for "
+        f"{args.compiler}. Times are wall clock on a shared machine.\n\n" + markdown(rows)
+        + "\n" + targets(rows) + f"\n![solver scaling]({today}-cpu-scaling.png)\n")
     print(markdown(rows))
 
 
