@@ -212,3 +212,12 @@ def torch_budget_solvers() -> list[str]:
     import importlib.util
 
     return ["dp", "greedy"] + (["ilp"] if importlib.util.find_spec("scipy") else [])
+
+
+@contextlib.contextmanager
+def aten_randomness() -> Iterator[None]:
+    """Inductor draws random numbers with aten's own ops (``fallback_random``),
+    so a compiled step's dropout masks equal eager's under the same seed."""
+    with inductor_config.patch(fallback_random=True):
+        yield
+
