@@ -97,6 +97,34 @@ def compile_inductor(
     return compile_fx(gm, example_inputs, inner_compile=inner)
 
 
+def traced_layout(value: Any, traced: Any) -> Any:
+    """``value`` with the strides it was traced with (a copy where the kernel chose others)."""
+    if isinstance(value, (tuple, list)) and isinstance(traced, (tuple, list)) and len(value) == len(traced):
+        return type(value)(traced_layout(v, t) for v, t in zip(value, traced))
+    if not (isinstance(value, torch.Tensor) and isinstance(traced, torch.Tensor)) or value.dim() < 2:
+        return value
+    if any(isinstance(s, torch.SymInt) for s in (*traced.shape, *traced.stride())):
+        return value
+    stride = tuple(traced.stride())
+    if tuple(value.stride()) == stride or tuple(value.shape) != tuple(traced.shape) or value._base is not None:
+        return value
+    return torch.empty_strided(value.shape, stride, dtype=value.dtype, device=value.device).copy_(value)
+
+
+class TracedLayoutInterpreter(fx.Interpreter):
+    """Runs a graph op by op, keeping every output in the layout it was traced with.
+
+    Some CPU kernels (batch norm, layer norm's backward) return contiguous
+    outputs where their fake kernels keep the input's strides; a ``view``
+    traced on the fake layout then fails on the real one (torch's own
+    ``aot_eager`` backend fails the same way).
+    """
+
+    def run_node(self, n: fx.Node) -> Any:
+        result = super().run_node(n)
+        return traced_layout(result, n.meta.get("val")) if n.op == "call_function" else result
+
+
 def compile_eager(
     gm: fx.GraphModule, example_inputs: Sequence[Any], *, on_graph: GraphHook
 ) -> Callable[..., Any]:
@@ -113,7 +141,7 @@ def compile_eager(
             def run(args: list[Any]) -> Any:
                 # boxed: the argument list is cleared and every value freed after
                 # its last use, as Inductor's code does
-                return fx.Interpreter(graph, garbage_collect_values=True).boxed_run(args)
+                return TracedLayoutInterpreter(graph, garbage_collect_values=True).boxed_run(args)
 
             run._boxed_call = True  # type: ignore[attr-defined]
             return run
