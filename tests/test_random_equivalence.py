@@ -35,6 +35,14 @@ def regression(seed: int, fraction: float, **fields: object) -> list[str]:
     return run(Case(seed, spec(**fields), "eager", "measure", fraction)).problems
 
 
+def test_dropout_backward_temporaries_are_counted() -> None:
+    """case-1: on the CPU ``native_dropout_backward`` allocates a float copy of
+    its mask and an intermediate product; pointwise ops were costed with no
+    workspace and the measured peak exceeded the tightest budget."""
+    assert not regression(1, 0.0, blocks=("mlp", "dropout", "mlp", "attention", "attention", "attention"),
+                          batch=8, tokens=16, width=16, heads=1, inplace="mul_")
+
+
 def test_layer_norm_backward_keeps_the_traced_layout() -> None:
     """case-6: layer norm's CPU backward returned another layout than traced;
     the convolution after it copied its gradient, over the budget."""
