@@ -194,6 +194,29 @@ def recompute_ban(node: fx.Node, cost: NodeCost, costs: dict[str, NodeCost]) -> 
     return None
 
 
+def reads_any(node: fx.Node, names: set[str], costs: dict[str, NodeCost]) -> bool:
+    """Whether ``node`` (or the multi-output op it is an element of) reads one of
+    ``names``, directly or through views."""
+    todo = list((multi_output_parent(node) or node).all_input_nodes)
+    while todo:
+        arg = todo.pop()
+        if arg.name in names:
+            return True
+        if arg.name in costs and costs[arg.name].kind == "view":
+            todo += arg.all_input_nodes
+    return False
+
+
+def ban_reading_written_inputs(fields: dict[fx.Node, dict], written: set[str], costs: dict[str, NodeCost]) -> None:
+    """A value computed from a buffer the forward updates cannot be recomputed:
+    by the backward the buffer holds its new value."""
+    if not written:
+        return
+    for node, field in fields.items():
+        if field.get("kind") is Kind.FORWARD and not field["recompute_ban"] and reads_any(node, written, costs):
+            field["recompute_ban"] = "reads a buffer the forward updates in place"
+
+
 def uses(node: fx.Node, order: Order, *, forward: bool) -> list[int]:
     return [order.step_of[u] for u in node.users if u in order.step_of and (u in order.forward) == forward]
 
@@ -313,6 +336,7 @@ def build_problem(graph: fx.Graph, node_info: adapter.NodeInfo, costs: dict[str,
         base["op"] = str(node.target)
         extra = forward_fields(node, costs, order, outputs, need) if node in order.forward else backward_fields(node, order, outputs)
         fields[node] = {**base, **extra}
+    ban_reading_written_inputs(fields, adapter.mutated_inputs(graph), costs)
     owners = {n: storage_owner(n, costs, by_name) for n in fields}
     fold_aliases(fields, owners)
     for node in fields:

@@ -249,3 +249,12 @@ def aten_randomness() -> Iterator[None]:
     with inductor_config.patch(fallback_random=True):
         yield
 
+
+
+def mutated_inputs(graph: fx.Graph) -> set[str]:
+    """Placeholders of a joint graph whose data the step updates in place
+    (buffers written in the forward), read from AOTAutograd's output descriptors."""
+    placeholders = {repr(n.meta.get("desc")): n.name for n in graph.find_nodes(op="placeholder")}
+    descs = graph.find_nodes(op="output")[0].meta.get("desc") or []
+    return {placeholders[repr(d.mutated_input)] for d in descs
+            if type(d).__name__ == "InputMutationAOTOutput" and repr(d.mutated_input) in placeholders}

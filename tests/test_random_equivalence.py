@@ -47,3 +47,11 @@ def test_layer_norm_backward_keeps_the_traced_layout() -> None:
     """case-6: layer norm's CPU backward returned another layout than traced;
     the convolution after it copied its gradient, over the budget."""
     assert not regression(6, 0.73, family="conv", blocks=("tokens", "act"), tokens=6, width=8, act="silu")
+
+
+def test_values_read_from_a_buffer_the_forward_updates_are_not_recomputed() -> None:
+    """case-25: at the tightest budget batch norm was recomputed in the
+    backward from its running statistics, which the forward had already
+    updated (autograd refused: "modified by an inplace operation")."""
+    assert not regression(25, 0.0, blocks=("batchnorm", "dropout"), batch=8, tokens=16, dropout=0.1, act="silu")
+    assert not regression(25, 0.0, blocks=("buffer", "mlp", "act"), batch=8, tokens=16, dropout=0.1)
