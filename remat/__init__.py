@@ -12,11 +12,11 @@ from remat import solvers  # noqa: F401  (remat.solvers, torch-free)
 from .api import compile, plan, reports
 from .backend import register as _register
 from .budget import budget_bytes
-from .errors import BudgetError, PlanError
+from .errors import BudgetError, GraphError, PlanError
 from .options import Options
 from .report import NodeRow, Report
 
 _register()
 
-__all__ = ["BudgetError", "NodeRow", "Options", "PlanError", "Report", "budget_bytes", "compile", "plan", "reports"]
+__all__ = ["BudgetError", "GraphError", "NodeRow", "Options", "PlanError", "Report", "budget_bytes", "compile", "plan", "reports"]
 __version__ = "0.1.0"

@@ -30,3 +30,7 @@ class BudgetError(ValueError):
 
 class PlanError(RuntimeError):
     """The realized graphs disagree with the plan in a way that could be wrong."""
+
+
+class GraphError(ValueError):
+    """remat cannot capture or plan this graph as written; the message says what to change."""
