@@ -128,10 +128,13 @@ class TracedLayoutInterpreter(fx.Interpreter):
 def compile_eager(
     gm: fx.GraphModule, example_inputs: Sequence[Any], *, on_graph: GraphHook
 ) -> Callable[..., Any]:
-    """Partition like Inductor would, then run both graphs op by op.
+    """Decompose and partition like Inductor would, then run both graphs op by op.
 
     No fusion: every intermediate is materialized, which is exactly what the
     memory model assumes. Used for debugging and for exact memory checks.
+    Inductor's decompositions also replace aten kernels whose real strides
+    differ from their fake ones (CPU batch norm); like Inductor's, they draw
+    dropout masks with aten's random ops only under ``fallback_random``.
     """
 
     def compiler(kind: str) -> Callable[..., Any]:
@@ -151,8 +154,11 @@ def compile_eager(
     partition = functools.partial(
         _partitioners.min_cut_rematerialization_partition, compiler="inductor"
     )
+    from torch._inductor.decomposition import select_decomp_table
+
     backend = aot_autograd(
-        fw_compiler=compiler("forward"), bw_compiler=compiler("backward"), partition_fn=partition
+        fw_compiler=compiler("forward"), bw_compiler=compiler("backward"), partition_fn=partition,
+        decompositions=select_decomp_table(),
     )
     return backend(gm, example_inputs)
 
