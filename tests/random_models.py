@@ -15,7 +15,6 @@ forward, and bf16 autocast.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 import random
@@ -72,14 +71,15 @@ def draw(seed: int, *, inductor: bool = False) -> Case:
     rng = random.Random(seed)
     family = rng.choice(("seq", "seq", "conv"))
     menu = SEQ_BLOCKS if family == "seq" else CONV_BLOCKS
-    blocks = tuple(rng.choice(menu) for _ in range(rng.randint(2, 6)))
+    blocks = tuple(rng.choice(menu) for _ in range(rng.randint(1, 5)))
+    # few distinct sizes: op timings are cached by shape, so most cases measure nothing new
     spec = Spec(
         family=family,
         blocks=blocks,
-        batch=rng.choice((2, 4, 8)),
+        batch=rng.choice((4, 8)),
         tokens=rng.choice((8, 16)) if family == "seq" else rng.choice((6, 8)),
-        width=rng.choice((16, 32, 64)) if family == "seq" else rng.choice((8, 16)),
-        heads=rng.choice((1, 2, 4)),
+        width=rng.choice((16, 32)) if family == "seq" else 8,
+        heads=rng.choice((1, 2)),
         dropout=rng.choice((0.1, 0.5)),
         act=rng.choice(("gelu", "silu")),
         inplace=rng.choice(("relu_", "mul_", "add_")),
@@ -314,8 +314,9 @@ def step(fn: Any, model: nn.Module, x: torch.Tensor, seed: int) -> tuple[list[to
 
 
 def tolerances(spec: Spec) -> dict[str, float]:
-    # bf16 autocast: torch's decompositions round in other places than eager's kernels
-    return {"atol": 3e-2, "rtol": 3e-2} if spec.autocast else {"atol": 1e-5, "rtol": 1e-4}
+    # bf16 autocast (8 bits of mantissa): torch's decompositions round in other
+    # places than eager's kernels; atol is scaled by each tensor's largest value
+    return {"atol": 5e-2, "rtol": 5e-2} if spec.autocast else {"atol": 1e-5, "rtol": 1e-4}
 
 
 def differences(expected: dict | list, actual: dict | list, what: str, tol: dict[str, float]) -> list[str]:
@@ -325,8 +326,9 @@ def differences(expected: dict | list, actual: dict | list, what: str, tol: dict
         return [f"{what}: keys differ {sorted(expected)} vs {sorted(actual)}"]
     found = []
     for key in expected:
+        scale = expected[key].abs().max().item() if expected[key].is_floating_point() and expected[key].numel() else 1.0
         try:
-            torch.testing.assert_close(actual[key], expected[key], **tol)
+            torch.testing.assert_close(actual[key], expected[key], atol=tol["atol"] * max(scale, 1.0), rtol=tol["rtol"])
         except AssertionError as exc:
             found.append(f"{what} {key}: {str(exc).splitlines()[0:4]}")
     return found
@@ -380,9 +382,9 @@ def run(case: Case, *, measure_peak: bool = True) -> Outcome:
 
 
 def randomness(case: Case) -> Any:
-    """Inductor draws dropout masks with aten's ops, as eager does; op by op
-    the graphs call aten's ops already."""
-    return adapter.aten_randomness() if case.compiler == "inductor" else contextlib.nullcontext()
+    """Both compilers decompose like Inductor: dropout draws its masks with
+    aten's random ops, as eager does, only under ``fallback_random``."""
+    return adapter.aten_randomness()
 
 
 def step_backward(compiled: Any, x: torch.Tensor) -> None:
