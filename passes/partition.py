@@ -65,7 +65,7 @@ def solve(problem: Problem, options: Options, lowest: Solution | None = None) ->
     # No plan holds more than keeping everything: a budget at or above that
     # peak (or none) is never binding, and every such budget gets one plan.
     cap = store_all.peak_bytes if budget is None else min(budget, store_all.peak_bytes)
-    plan = solve_or_fall_back(problem, cap, options, config)
+    plan = solve_or_fall_back(problem, cap, options, config, lowest)
     if plan.status is Status.FEASIBLE:
         gap = "unknown" if plan.gap is None else f"{plan.gap:.2%}"
         note = (f"time limit of {options.time_limit_s:g} s reached: the best plan found "
@@ -85,10 +85,16 @@ def smallest_peak(problem: Problem, config: solvers.ILPConfig) -> Solution:
         return replace(plan, status=Status.FALLBACK, notes=(*plan.notes, f"{reason}; bound from {plan.solver}"))
 
 
-def solve_or_fall_back(problem: Problem, cap: int, options: Options, config: solvers.ILPConfig) -> Solution:
+def solve_or_fall_back(problem: Problem, cap: int, options: Options, config: solvers.ILPConfig,
+                       lowest: Solution) -> Solution:
     """The chosen solver's plan within ``cap``; if the solver raises or its
-    plan does not fit, the fastest cheap plan that fits, with status
-    FALLBACK and the reason noted."""
+    plan does not fit, the fastest plan that fits among the cheap ones and
+    the smallest-peak plan ``lowest``, with status FALLBACK and the reason noted.
+
+    The program's start options bound a recomputed value's start from below,
+    so near the smallest peak it may find no plan where ``lowest`` (checked
+    with exact starts) fits.
+    """
     solver = solvers.get(options.solver)
     kwargs = {"config": config} if options.solver.startswith("ilp") else {}
     cause: Exception | None = None
@@ -98,9 +104,11 @@ def solve_or_fall_back(problem: Problem, cap: int, options: Options, config: sol
             return plan
         reason = f"solver {options.solver!r} found no plan within {format_bytes(cap)} (its plan peaks at " \
                  f"{format_bytes(plan.peak_bytes)})"
+    except solvers.Infeasible as exc:  # near the smallest peak: see the docstring
+        reason, cause = f"solver {options.solver!r} found no plan within {format_bytes(cap)} with its start options", exc
     except Exception as exc:  # any fault inside a solver library: never lose the step over it
         reason, cause = f"solver {options.solver!r} failed ({type(exc).__name__}: {exc})", exc
-    fits = [p for p in cheap_plans(problem, cap) if p.peak_bytes <= cap]
+    fits = [p for p in [*cheap_plans(problem, cap), lowest] if p.peak_bytes <= cap]
     if not fits:
         raise PlanError(f"{reason}, and no cheap plan fits {format_bytes(cap)}: raise the budget, "
                         f"or try another solver ({', '.join(solvers.available())})") from cause

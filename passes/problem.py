@@ -159,29 +159,30 @@ def recompute_ban(node: fx.Node, cost: NodeCost, costs: dict[str, NodeCost]) -> 
         return "mutates its input"
     if "c10d" in str(node.target):
         return "collective"
-    if functionalized_inplace(node):
-        return "functionalized in-place op: the step writes new values into the inputs it reads"
-    mutated = [a.name for a in node.all_input_nodes if a.op == "placeholder" and mutated_in_graph(a)]
-    if mutated:  # the backward would read the input after the step changed it
-        return f"reads {mutated[0]}, an input the step mutates (a buffer such as BatchNorm's running stats)"
     return None
 
 
-def functionalized_inplace(node: fx.Node) -> bool:
-    """An op like ``_native_batch_norm_legit_functional``: the step copies some of
-    its outputs (new running stats) into inputs it read, so a rerun in the
-    backward would read changed inputs (and autograd refuses the saved input)."""
-    overload = str(node.target).split(".")
-    return len(overload) >= 2 and overload[-2].endswith("_functional")
-
-
-def mutated_in_graph(placeholder: fx.Node) -> bool:
-    """Whether an op of the graph writes into this graph input."""
-    for user in placeholder.users:
-        schema = getattr(user.target, "_schema", None)
-        if schema is not None and schema.is_mutable and user.args and user.args[0] is placeholder:
+def reads_any(node: fx.Node, names: set[str], costs: dict[str, NodeCost]) -> bool:
+    """Whether ``node`` (or the multi-output op it is an element of) reads one of
+    ``names``, directly or through views."""
+    todo = list((multi_output_parent(node) or node).all_input_nodes)
+    while todo:
+        arg = todo.pop()
+        if arg.name in names:
             return True
+        if arg.name in costs and costs[arg.name].kind == "view":
+            todo += arg.all_input_nodes
     return False
+
+
+def ban_reading_written_inputs(fields: dict[fx.Node, dict], written: set[str], costs: dict[str, NodeCost]) -> None:
+    """A value computed from a buffer the forward updates cannot be recomputed:
+    by the backward the buffer holds its new value."""
+    if not written:
+        return
+    for node, field in fields.items():
+        if field.get("kind") is Kind.FORWARD and not field["recompute_ban"] and reads_any(node, written, costs):
+            field["recompute_ban"] = "reads a buffer the forward updates in place"
 
 
 def uses(node: fx.Node, order: Order, *, forward: bool) -> list[int]:
@@ -304,6 +305,7 @@ def build_problem(graph: fx.Graph, node_info: adapter.NodeInfo, costs: dict[str,
         base["op"] = str(node.target)
         extra = forward_fields(node, costs, order, outputs, need) if node in order.forward else backward_fields(node, order, outputs)
         fields[node] = {**base, **extra}
+    ban_reading_written_inputs(fields, adapter.mutated_inputs(graph), costs)
     owners = {n: storage_owner(n, costs, by_name) for n in fields}
     fold_aliases(fields, owners)
     for node in fields:

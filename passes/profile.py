@@ -294,9 +294,9 @@ def measure_op(node: fx.Node, device: torch.device, repeats: int) -> tuple[float
 
     flops = count_flops(call)
     seconds = time_call(call, device, repeats)
-    # pointwise kernels need no scratch memory; measuring on the CPU is slow
-    needs_scratch = device.type == "cuda" or node_kind(node) not in ("pointwise", "random")
-    workspace = measure_workspace(call, device, output_bytes(node)) if needs_scratch else 0
+    # measured for every op: some pointwise ops allocate temporaries too (on
+    # the CPU native_dropout_backward converts its mask, then multiplies twice)
+    workspace = measure_workspace(call, device, output_bytes(node))
     return seconds, flops, workspace
 
 

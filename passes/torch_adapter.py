@@ -97,13 +97,44 @@ def compile_inductor(
     return compile_fx(gm, example_inputs, inner_compile=inner)
 
 
+def traced_layout(value: Any, traced: Any) -> Any:
+    """``value`` with the strides it was traced with (a copy where the kernel chose others)."""
+    if isinstance(value, (tuple, list)) and isinstance(traced, (tuple, list)) and len(value) == len(traced):
+        return type(value)(traced_layout(v, t) for v, t in zip(value, traced))
+    if not (isinstance(value, torch.Tensor) and isinstance(traced, torch.Tensor)) or value.dim() < 2:
+        return value
+    if any(isinstance(s, torch.SymInt) for s in (*traced.shape, *traced.stride())):
+        return value
+    stride = tuple(traced.stride())
+    if tuple(value.stride()) == stride or tuple(value.shape) != tuple(traced.shape) or value._base is not None:
+        return value
+    return torch.empty_strided(value.shape, stride, dtype=value.dtype, device=value.device).copy_(value)
+
+
+class TracedLayoutInterpreter(fx.Interpreter):
+    """Runs a graph op by op, keeping every output in the layout it was traced with.
+
+    Some CPU kernels (batch norm, layer norm's backward) return contiguous
+    outputs where their fake kernels keep the input's strides; a ``view``
+    traced on the fake layout then fails on the real one (torch's own
+    ``aot_eager`` backend fails the same way).
+    """
+
+    def run_node(self, n: fx.Node) -> Any:
+        result = super().run_node(n)
+        return traced_layout(result, n.meta.get("val")) if n.op == "call_function" else result
+
+
 def compile_eager(
     gm: fx.GraphModule, example_inputs: Sequence[Any], *, on_graph: GraphHook
 ) -> Callable[..., Any]:
-    """Partition like Inductor would, then run both graphs op by op.
+    """Decompose and partition like Inductor would, then run both graphs op by op.
 
     No fusion: every intermediate is materialized, which is exactly what the
     memory model assumes. Used for debugging and for exact memory checks.
+    Inductor's decompositions also replace aten kernels whose real strides
+    differ from their fake ones (CPU batch norm); like Inductor's, they draw
+    dropout masks with aten's random ops only under ``fallback_random``.
     """
 
     def compiler(kind: str) -> Callable[..., Any]:
@@ -113,7 +144,7 @@ def compile_eager(
             def run(args: list[Any]) -> Any:
                 # boxed: the argument list is cleared and every value freed after
                 # its last use, as Inductor's code does
-                return fx.Interpreter(graph, garbage_collect_values=True).boxed_run(args)
+                return TracedLayoutInterpreter(graph, garbage_collect_values=True).boxed_run(args)
 
             run._boxed_call = True  # type: ignore[attr-defined]
             return run
@@ -123,8 +154,11 @@ def compile_eager(
     partition = functools.partial(
         _partitioners.min_cut_rematerialization_partition, compiler="inductor"
     )
+    from torch._inductor.decomposition import select_decomp_table
+
     backend = aot_autograd(
-        fw_compiler=compiler("forward"), bw_compiler=compiler("backward"), partition_fn=partition
+        fw_compiler=compiler("forward"), bw_compiler=compiler("backward"), partition_fn=partition,
+        decompositions=select_decomp_table(),
     )
     return backend(gm, example_inputs)
 
@@ -212,3 +246,47 @@ def torch_budget_solvers() -> list[str]:
     import importlib.util
 
     return ["dp", "greedy"] + (["ilp"] if importlib.util.find_spec("scipy") else [])
+
+
+@contextlib.contextmanager
+def aten_randomness() -> Iterator[None]:
+    """Inductor draws random numbers with aten's own ops (``fallback_random``),
+    so a compiled step's dropout masks equal eager's under the same seed."""
+    with inductor_config.patch(fallback_random=True):
+        yield
+
+
+def capture_problem(exc: BaseException) -> tuple[str, str] | None:
+    """What stopped dynamo from capturing a graph for remat, when it is one of the
+    cases remat explains: ``("dynamic", sizes)`` when a size marked with
+    ``mark_dynamic`` was pinned, ``("no-fake", op)`` when an op has no fake
+    (meta) kernel to trace its output shapes with."""
+    import re
+
+    from torch.fx.experimental.symbolic_shapes import ConstraintViolationError
+
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ConstraintViolationError):
+            sizes = re.search(r"Constraints violated \((.*?)\)!", str(e))
+            return "dynamic", sizes.group(1) if sizes else ""
+        text = str(e)
+        if "no fake impl" in text or "no meta kernel" in text.lower():
+            op = re.search(r"call_function (\S+?)\(", text) or re.search(r"<CustomOpDef\((\S+?)\)>", text)
+            return "no-fake", op.group(1) if op else "an op"
+        todo += [e.__cause__, e.__context__, getattr(e, "inner_exception", None)]
+    return None
+
+
+def mutated_inputs(graph: fx.Graph) -> set[str]:
+    """Placeholders of a joint graph whose data the step updates in place
+    (buffers written in the forward), read from AOTAutograd's output descriptors."""
+    placeholders = {repr(n.meta.get("desc")): n.name for n in graph.find_nodes(op="placeholder")}
+    descs = graph.find_nodes(op="output")[0].meta.get("desc") or []
+    return {placeholders[repr(d.mutated_input)] for d in descs
+            if type(d).__name__ == "InputMutationAOTOutput" and repr(d.mutated_input) in placeholders}

@@ -13,13 +13,13 @@ from remat import solvers  # noqa: F401  (remat.solvers, torch-free)
 from .api import compile, plan, reports
 from .backend import register as _register
 from .budget import budget_bytes
-from .errors import BudgetError, PlanError, SolverUnavailable
+from .errors import BudgetError, GraphError, PlanError, SolverUnavailable
 from .frontier import Frontier, sweep
 from .options import Options
 from .report import NodeRow, Report
 
 _register()
 
-__all__ = ["BudgetError", "Frontier", "NodeRow", "Options", "PlanError", "Report", "SolverUnavailable", "budget_bytes",
-           "compile", "plan", "reports", "sweep"]
+__all__ = ["BudgetError", "Frontier", "GraphError", "NodeRow", "Options", "PlanError", "Report", "SolverUnavailable",
+           "budget_bytes", "compile", "plan", "reports", "sweep"]
 __version__ = "0.1.0"

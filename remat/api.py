@@ -13,7 +13,7 @@ from remat.passes import torch_adapter as adapter
 from remat.passes.partition import PlanComplete
 
 from .backend import _BACKEND_REPORTS, RematBackend
-from .errors import BudgetError, PlanError, SolverUnavailable
+from .errors import BudgetError, GraphError, PlanError, SolverUnavailable
 from .options import Options
 from .report import Report
 
@@ -53,9 +53,30 @@ def raising_budget_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             inner = adapter.unwrap_backend_error(exc)
             if isinstance(inner, (BudgetError, PlanError, ValueError, TypeError, SolverUnavailable)):
                 raise inner from None
+            explained = graph_error(exc)
+            if explained is not None:
+                raise explained from None
             raise
 
     return call
+
+
+def graph_error(exc: BaseException) -> GraphError | None:
+    """A capture failure remat can explain, as a :class:`GraphError` saying what to do."""
+    problem = adapter.capture_problem(exc)
+    if problem is None:
+        return None
+    kind, what = problem
+    if kind == "dynamic":
+        return GraphError(
+            f"remat pins dynamic sizes under a budget (a plan holds for the sizes it was made at), but "
+            f"{what or 'a size'} was marked with torch._dynamo.mark_dynamic, which forbids pinning it. "
+            f"Use torch._dynamo.maybe_mark_dynamic or dynamic=True (each new size is then planned again), "
+            f"or budget_gb=None to keep the size symbolic.")
+    return GraphError(
+        f"{what} has no fake (meta) kernel, so its output shapes cannot be traced without running it and "
+        f"remat cannot capture the graph. Register one with torch.library.register_fake (for a "
+        f"torch.library.custom_op, @op.register_fake), or call the op outside the compiled function.")
 
 
 def reports(compiled: Any = None) -> list[Report]:
@@ -87,6 +108,9 @@ def plan(model: Callable[..., Any], *inputs: Any, budget_gb: float | None = None
     except Exception as exc:
         inner = adapter.unwrap_backend_error(exc) or exc
         if not isinstance(inner, PlanComplete):
+            explained = graph_error(exc)
+            if explained is not None:
+                raise explained from None
             raise inner from None
     if not backend.reports:
         raise ValueError("nothing to plan: the model produced no graph that needs a backward "

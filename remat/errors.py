@@ -5,7 +5,7 @@ from __future__ import annotations
 # A named solver that cannot run here (its library is missing); it names the installed ones.
 from remat.solvers.errors import SolverUnavailable
 
-__all__ = ["GIB", "BudgetError", "PlanError", "SolverUnavailable", "format_bytes"]
+__all__ = ["GIB", "BudgetError", "GraphError", "PlanError", "SolverUnavailable", "format_bytes"]
 
 GIB = 2**30
 
@@ -36,3 +36,7 @@ class BudgetError(ValueError):
 class PlanError(RuntimeError):
     """The realized graphs disagree with the plan in a way that could be wrong."""
 
+
+
+class GraphError(ValueError):
+    """remat cannot capture or plan this graph as written; the message says what to change."""

@@ -301,13 +301,18 @@ def _fits(plan: Solution, budget_bytes: int | None) -> bool:
 
 
 def _warm_start(model: Model, problem: Problem, seed: Solution) -> None:
+    """Pass the seed as a MIP start, unless its start options put it over the budget."""
+    chosen = _seed_starts(model, problem, seed)
+    line = timeline(problem, seed.saved, seed.recomputed, chosen)
+    bound = model.P.upBound
+    if bound is not None and max(line, default=0) / model.scales.peak_cap > bound:
+        log.debug("ilp: the seed's start options peak over the budget; solving without a start")
+        return
     for name, var in model.S.items():
         var.setInitialValue(1 if name in seed.saved else 0)
-    chosen = _seed_starts(model, problem, seed)
     for name, options in model.R.items():
         for start, var in options:
             var.setInitialValue(1 if chosen.get(name) == start else 0)
-    line = timeline(problem, seed.saved, seed.recomputed, chosen)
     for var, total, w in zip(model.M, line, workspace(problem)):
         var.setInitialValue((total - w) / model.scales.bytes)
     model.P.setInitialValue(max(line, default=0) / model.scales.peak_cap)

@@ -46,7 +46,7 @@ def test_without_highspy_the_default_solver_is_cbc_and_the_report_says_so() -> N
 
 def test_a_time_limit_gives_the_best_plan_found_with_its_status_and_gap() -> None:
     model, inputs = build("gpt", layers=6)
-    budget = budget_between(remat.plan(model, *inputs, compiler="eager"), 0.9)  # the greedy seed fits
+    budget = budget_between(remat.plan(model, *inputs, compiler="eager"), 1.0)  # the store-all seed fits
     report = remat.plan(model, *inputs, compiler="eager", budget_gb=budget, time_limit_s=1e-3)
     assert report.predicted_peak_bytes <= report.planned_budget_bytes
     assert report.solver_status in ("feasible", "optimal")
@@ -75,12 +75,14 @@ def test_a_crashing_solver_gives_a_cheap_plan_within_budget_noted(
     assert "fallback" in report.summary()
 
 
-def test_a_crashing_solver_with_no_cheap_plan_in_budget_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_crashing_solver_at_a_tight_budget_falls_back_to_the_smallest_peak_plan(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     model, inputs = build("gpt")
-    budget = budget_between(remat.plan(model, *inputs, compiler="eager"), 0.05)  # only the ILP gets here
+    budget = budget_between(remat.plan(model, *inputs, compiler="eager"), 0.05)  # no cheap plan gets here
     monkeypatch.setattr(registry, "solve_ilp", _crash)
-    with pytest.raises(remat.PlanError, match="solver library crashed.*no cheap plan fits.*try another solver"):
-        remat.plan(model, *inputs, compiler="eager", budget_gb=budget)
+    report = remat.plan(model, *inputs, compiler="eager", budget_gb=budget)
+    assert report.solver_status == "fallback" and report.predicted_peak_bytes <= report.planned_budget_bytes
+    assert any("solver library crashed" in n and "used the ilp-highs plan" in n for n in report.notes)
 
 
 def test_when_every_ilp_crashes_the_minimum_is_a_noted_bound_and_nothing_exceeds_the_budget(
