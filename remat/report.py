@@ -132,7 +132,8 @@ class Report:
         lines += [
             f"recomputed             {len(self.recomputed)} of {len(self.nodes)} nodes; largest: {self.largest_recomputed()}",
             f"added time (predicted) {self.predicted_overhead_seconds * 1e3:+.3f} ms vs keeping everything",
-            f"solver                 {self.solver} ({self.solver_status}, gap {self.mip_gap}) in {self.solve_seconds:.2f} s",
+            f"solver                 {self.solver} ({self.solver_status}, gap {gap_text(self.mip_gap)}) "
+            f"in {self.solve_seconds:.2f} s",
         ]
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
 
@@ -214,6 +215,11 @@ def op_category(value: Value, by_name: dict[str, Value]) -> str:
 def short_op(op: str) -> str:
     """``aten.addmm.default`` -> ``addmm``."""
     return op.split(".")[1] if op.count(".") == 2 else op
+
+
+def gap_text(gap: float | None) -> str:
+    """The MIP gap for people: ``0.0094`` -> ``0.94 %``; unknown when the solver gave none."""
+    return "unknown" if gap is None else f"{gap:.2%}"
 
 
 def ms(seconds: float) -> str:
