@@ -58,8 +58,8 @@ def solve(problem: Problem, options: Options, lowest: Solution | None = None) ->
     budget = options.planned_bytes
     config = solvers.ILPConfig(time_limit_s=options.time_limit_s)
     store_all = solvers.store_all(problem)
-    if lowest is None:  # any valid plan bounds the smallest peak; the ILP's may be time-limited
-        lowest = min(smallest_peak(problem, config), store_all, key=lambda s: s.peak_bytes)
+    if lowest is None:
+        lowest = smallest_peak(problem, config)
     if budget is not None and budget < lowest.peak_bytes:
         raise infeasible(problem, options.budget_bytes, lowest, options.headroom_fraction)
     # No plan holds more than keeping everything: a budget at or above that
@@ -75,9 +75,11 @@ def solve(problem: Problem, options: Options, lowest: Solution | None = None) ->
 
 
 def smallest_peak(problem: Problem, config: solvers.ILPConfig) -> Solution:
-    """The min-peak ILP; if it fails, the lowest cheap plan (an upper bound), noted."""
+    """The min-peak ILP's plan, or store-all where that peaks lower (any valid plan
+    bounds the smallest peak; the ILP's may be time-limited); if the ILP fails,
+    the lowest cheap plan (an upper bound), noted."""
     try:
-        return solvers.min_peak(problem, config=config)
+        return min(solvers.min_peak(problem, config=config), solvers.store_all(problem), key=lambda s: s.peak_bytes)
     except Exception as exc:  # a solver fault must not lose the plan: see solve_or_fall_back
         reason = f"the smallest-peak solve failed ({type(exc).__name__}: {exc})"
         log.warning("remat: %s; the smallest feasible budget is a cheap plan's, an upper bound", reason)
@@ -201,7 +203,7 @@ class Planner:
             plan = self.make_plan(joint_graph, node_info, forward)
             if specialized:
                 plan.report.notes.append("dynamic sizes pinned: each new size is planned under the budget again")
-            if self.disk is not None and key is not None:
+            if key is not None:  # the plan cache is on
                 self.store(key, plan)
         self.plans.append(plan)
         log.info("remat plan for graph %d:\n%s", len(self.plans) - 1, plan.report.summary())
@@ -326,8 +328,7 @@ def plan_budgets(problem: Problem, options: Options, budgets_gb: list[float | No
     captured or profiled again. A budget below the smallest feasible one gives its
     :class:`BudgetError` in place of a Report."""
     out: list[Report | ValueError] = []
-    config = solvers.ILPConfig(time_limit_s=options.time_limit_s)
-    lowest = min(smallest_peak(problem, config), solvers.store_all(problem), key=lambda s: s.peak_bytes)
+    lowest = smallest_peak(problem, solvers.ILPConfig(time_limit_s=options.time_limit_s))
     for budget_gb in budgets_gb:
         at = replace(options, budget_gb=budget_gb)
         try:

@@ -83,7 +83,7 @@ class Model:
     objective: Objective = "time"
 
 
-def scales_for(problem: Problem) -> Scales:
+def scales_for(problem: Problem, options: dict[str, tuple[int, ...]]) -> Scales:
     """tau = TIE_BREAK times the cheapest nonzero cost (floored so that costs
     span at most 4 decades); a memory unit so that the peak bound is about a
     million units."""
@@ -91,12 +91,13 @@ def scales_for(problem: Problem) -> Scales:
     cheapest = max(min(costs), max(costs) * _COST_SPAN) if costs else 1.0
     tau = TIE_BREAK * cheapest
     names = [v.name for v in problem.candidates()]
-    earliest = {name: starts[0] for name, starts in start_options(problem).items()}
+    earliest = {name: starts[0] for name, starts in options.items()}
     cap = max(timeline(problem, names, names, earliest), default=0)
     return Scales(seconds=tau, bytes=max(1.0, cap / _MEM_STEPS), peak_cap=max(cap, 1))
 
 
-def add_variables(problem: Problem, budget_bytes: int | None, scales: Scales) -> Model:
+def add_variables(problem: Problem, budget_bytes: int | None, scales: Scales,
+                  options: dict[str, tuple[int, ...]]) -> Model:
     """S_v / R_v,k binaries for candidates (omitted where forced to 0), M_t, P.
 
     R_v,k recomputes v with its interval starting at its k-th start option.
@@ -105,7 +106,6 @@ def add_variables(problem: Problem, budget_bytes: int | None, scales: Scales) ->
     candidates = problem.candidates()
     may_recompute = recomputable(problem)
     S = {v.name: _binary(prob, f"S_{i}") for i, v in enumerate(candidates) if v.savable}
-    options = start_options(problem)
     R = {v.name: [(t, _binary(prob, f"R_{i}_{k}")) for k, t in enumerate(options[v.name])]
          for i, v in enumerate(candidates) if v.name in may_recompute}
     M = [prob.add_variable(f"M_{t}", lowBound=0) for t in range(problem.num_steps)]
@@ -221,7 +221,8 @@ def add_objective(model: Model, objective: Objective) -> None:
 
 def build_model(problem: Problem, budget_bytes: int | None, objective: Objective = "time") -> Model:
     """The whole program for ``problem``; ``budget_bytes`` None is no budget."""
-    model = add_variables(problem, budget_bytes, scales_for(problem))
+    options = start_options(problem)  # one pass over the graph serves the scales and the variables
+    model = add_variables(problem, budget_bytes, scales_for(problem, options), options)
     add_constraints(model, problem)
     add_objective(model, objective)
     return model
