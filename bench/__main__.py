@@ -32,6 +32,7 @@ import torch
 
 from bench import hf_models, pareto, peers, render, scaling
 from bench.models import build as build_zoo
+from remat.cli import parse_overrides
 
 ZOO = ("gpt", "gpt-softmax", "llama", "convnet", "vit")
 SDPA_MODELS = ("gpt", "llama", "vit", "hf-gpt2", "hf-llama", "hf-bert")
@@ -97,6 +98,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--render", nargs="+", default=None, metavar="JSON",
                    help="rewrite the markdown and plot of these result files from their rows")
     p.add_argument("--layers", type=int, nargs="+", default=None, help="depths for --scaling")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="override a size field of every model (e.g. layers=4); recorded in the results")
     return p.parse_args(argv)
 
 
@@ -189,7 +192,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> list[str]:
             left = start + 60 * minutes - time.monotonic()
             deadline = time.monotonic() + left / (len(models) - i)
         setup = dataclasses.replace(base, deadline=deadline)
-        size = sizes.get(name, {})
+        size = {**sizes.get(name, {}), **parse_overrides(args.set)}
         model, inputs = build(name, args.device, size)
         t0 = time.monotonic()
         result = pareto.run_model(model, inputs, chosen, setup, sweep=not args.no_sweep, progress=show)

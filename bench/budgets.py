@@ -23,6 +23,7 @@ import torch
 
 import remat
 from bench.models import build
+from remat.cli import parse_overrides
 from remat.errors import GIB, format_bytes
 from remat.measure import step_peak, tensor_bytes
 from remat.passes import torch_adapter as adapter
@@ -95,12 +96,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--smoke", action="store_true", help="a small model: checks the harness, not speed")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="override a size field (e.g. layers=4); recorded in the results")
     args = parser.parse_args(argv)
-    size = SMOKE_SIZE if args.smoke or args.device == "cpu" else CUDA_SIZE
+    size = {**(SMOKE_SIZE if args.smoke or args.device == "cpu" else CUDA_SIZE), **parse_overrides(args.set)}
     rows = run_all(args.device, size, args.steps)
     today = dt.date.today().isoformat()
     gpu = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    command = f"python -m bench.budgets --device {args.device}" + (" --smoke" if args.smoke else "")
+    command = (f"python -m bench.budgets --device {args.device}" + (" --smoke" if args.smoke else "")
+               + "".join(f" --set {pair}" for pair in args.set))
     meta = {"date": today, "device": gpu, "torch": torch.__version__, "size": size, "command": command}
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
