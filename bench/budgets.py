@@ -63,9 +63,8 @@ def run_all(device: str, size: dict, steps: int) -> list[dict]:
     adapter.reset_compiled()
     with autocast(device):
         top = remat.plan(model, *inputs)
-    high = top.store_all_peak_bytes / (1 - top.headroom)
     for fraction in FRACTIONS:
-        budget = top.min_feasible_bytes + fraction * (high - top.min_feasible_bytes)
+        budget = top.budget_at(fraction)
         adapter.reset_compiled()
         compiled = remat.compile(model, budget_gb=budget / GIB)
         row = measure(f"remat at {fraction:.0%} from smallest to store-all", model, compiled, inputs, device, steps)

@@ -32,10 +32,8 @@ FRACTIONS = (0.05, 0.5)
 def measure(name: str, compiler: str, fraction: float) -> dict:
     model, inputs = build(name, **SIZES.get(name, {}))
     top = remat.plan(model, *inputs, compiler=compiler)
-    low = top.min_feasible_bytes
-    high = max(low, top.store_all_peak_bytes / (1 - top.headroom))
     adapter.reset_compiled()
-    compiled = remat.compile(model, budget_gb=(low + fraction * (high - low)) / GIB, compiler=compiler)
+    compiled = remat.compile(model, budget_gb=top.budget_at(fraction) / GIB, compiler=compiler)
     compiled(*inputs).backward()  # compiles outside the measured step
     model.zero_grad(set_to_none=True)
     peak = cpu_step_peak(lambda: compiled(*inputs).backward())

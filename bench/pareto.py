@@ -190,7 +190,8 @@ def plan_bounds(model: nn.Module, inputs: tuple, setup: Setup) -> dict[str, floa
         top = remat.plan(model, *inputs, compiler=setup.compiler, headroom=setup.headroom)
     adapter.reset_compiled()
     return {"min_feasible_bytes": top.min_feasible_bytes, "store_all_peak_bytes": top.store_all_peak_bytes,
-            "unbinding_bytes": top.store_all_peak_bytes / (1 - top.headroom), "headroom": top.headroom,
+            "unbinding_bytes": top.unbinding_budget_bytes, "headroom": top.headroom,
+            "margin_bytes": top.margin_bytes,
             "plan_solve_seconds": top.solve_seconds, "joint_graph_steps": top.joint_graph_steps}
 
 

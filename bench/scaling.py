@@ -35,7 +35,7 @@ TARGETS = {12: 5.0, 48: 30.0}  # layers: most ILP solve seconds
 def plan_depth(layers: int, compiler: str) -> dict:
     model, inputs = build("gpt", layers=layers, **SIZE)
     top = remat.plan(model, *inputs, compiler=compiler)
-    budget = (top.min_feasible_bytes + 0.5 * (top.store_all_peak_bytes / (1 - top.headroom) - top.min_feasible_bytes))
+    budget = top.budget_at(0.5)
     rep = remat.plan(model, *inputs, compiler=compiler, budget_gb=budget / GIB)
     return {
         "layers": layers, "joint_graph_steps": rep.joint_graph_steps, "candidates": rep.candidates,

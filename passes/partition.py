@@ -48,20 +48,50 @@ class GraphPlan:
     forward_names: set[str]
     random_names: set[str]
     graphs: dict[str, fx.GraphModule] = field(default_factory=dict)
+    smallest: bool = False  # the plan is the smallest-peak plan: nothing tighter exists in the model
 
 
-def solve(problem: Problem, options: Options, lowest: Solution | None = None) -> tuple[Solution, Solution, Solution]:
+def planning_target(problem: Problem, options: Options) -> int | None:
+    """The peak the plan itself must fit: the budget less a user's headroom fraction, or less
+    the margin for memory no account sees (``unseen_margin``)."""
+    budget = options.budget_bytes
+    if budget is None:
+        return None
+    if options.headroom is not None:
+        return int(budget * (1 - options.headroom))
+    return budget - unseen_margin(problem, options.compiler)
+
+
+def unseen_margin(problem: Problem, compiler: str) -> int:
+    """Bytes held back under Inductor for scratch inside extern kernels, which neither its
+    wrapper's allocation lines nor the compiled account show: the largest workspace
+    measured for any one op (scratch is freed when its kernel returns, so at most one op's
+    is live). Op by op the model adds each op's workspace at its step: nothing is unseen."""
+    if compiler == "eager":
+        return 0
+    return max(problem.workspace, default=0)
+
+
+def solve(problem: Problem, options: Options, lowest: Solution | None = None, *,
+          target: int | None = None, settle_for_lowest: bool = False) -> tuple[Solution, Solution, Solution]:
     """(plan, store-all, smallest-peak plan); raises BudgetError below the minimum.
 
     ``lowest``: the smallest-peak plan when already known (a sweep solves it once).
+    ``target``: the peak the plan must fit (default: ``planning_target``).
+    ``settle_for_lowest``: below the model's minimum, return the smallest-peak plan
+    instead of raising (Inductor's program is then compiled and judged by its own account).
     """
-    budget = options.planned_bytes
+    budget = planning_target(problem, options) if target is None else target
     config = solvers.ILPConfig(time_limit_s=options.time_limit_s)
     store_all = solvers.store_all(problem)
     if lowest is None:
         lowest = smallest_peak(problem, config)
     if budget is not None and budget < lowest.peak_bytes:
-        raise infeasible(problem, options.budget_bytes, lowest, options.headroom_fraction)
+        if settle_for_lowest:
+            note = "below the model's smallest peak: the smallest-peak plan, judged by its compiled program"
+            return replace(lowest, notes=(*lowest.notes, note)), store_all, lowest
+        raise infeasible(problem, options.budget_bytes, lowest, options.headroom,
+                         unseen_margin(problem, options.compiler))
     # No plan holds more than keeping everything: a budget at or above that
     # peak (or none) is never binding, and every such budget gets one plan.
     cap = store_all.peak_bytes if budget is None else min(budget, store_all.peak_bytes)
@@ -178,6 +208,11 @@ class Planner:
         self.options = options
         self.stop_after_plan = stop_after_plan
         self.plans: list[GraphPlan] = []
+        # Set by the fitting loop (passes/fit.py) between compiles of one graph:
+        # the peak the next plan must fit, and whether a target below the model's
+        # smallest peak yields the smallest-peak plan (judged by its compiled program).
+        self.target: int | None = None
+        self.settle_for_lowest = False
         # one cache per process: planning and compiling the same model then
         # see the same costs (CPU workspace, in particular, varies run to run)
         self.cache = SHARED_TIMINGS
@@ -195,8 +230,10 @@ class Planner:
         forward = {n.name for n in joint_graph.nodes if node_info.is_required_fw(n)}
         key = cached = None
         if self.disk is not None:
+            # the fitting loop's last plan is stored under the default key: the next
+            # process starts from the plan that fitted
             key = plan_cache.graph_key(joint_graph, self.options, plan_cache.graph_device(joint_graph))
-            cached = self.disk.load(key, joint_graph)
+            cached = self.disk.load(key, joint_graph) if self.target is None else None
         if cached is not None:
             plan = plan_from_cache(cached, forward)
         else:
@@ -224,16 +261,20 @@ class Planner:
         costs = profile_graph(joint_graph, mode=self.options.profile, cache=self.cache)
         problem = build_problem(joint_graph, node_info, costs, fusion=self.options.compiler == "inductor")
         profile_seconds = time.perf_counter() - t0
-        plan, store_all, lowest = solve(problem, self.options)
+        plan, store_all, lowest = solve(problem, self.options, target=self.target,
+                                        settle_for_lowest=self.settle_for_lowest)
         t1 = time.perf_counter()
         min_cut_saved = adapter.min_cut_saved_values(joint_graph, node_info)
         min_cut_seconds = time.perf_counter() - t1
         report = make_report(problem, plan, store_all, lowest, score_min_cut(problem, min_cut_saved), self.options)
+        if self.target is not None:
+            report.notes.append(f"planned to {format_bytes(self.target)} so that the compiled program fits")
         attach_timelines(report, problem, plan, store_all)
         report.profile_seconds, report.min_cut_seconds = profile_seconds, min_cut_seconds
         report.min_feasible_solve_seconds = lowest.solve_seconds
         random = {n.name for n in joint_graph.nodes if costs.get(n.name) and costs[n.name].kind == "random"}
-        return GraphPlan(problem, plan, report, forward, random)
+        smallest = plan.saved == lowest.saved and plan.recomputed == lowest.recomputed
+        return GraphPlan(problem, plan, report, forward, random, smallest=smallest)
 
     def on_graph(self, gm: fx.GraphModule, kind: str) -> None:
         """Called with each partitioned graph before it is compiled.
@@ -300,12 +341,15 @@ def check_realized(plan: GraphPlan, options: Options) -> None:
 
 def make_report(problem: Problem, plan: Solution, store_all: Solution, lowest: Solution,
                 min_cut: tuple[int | None, float], options: Options) -> Report:
+    margin = 0 if options.headroom is not None else unseen_margin(problem, options.compiler)
     return Report(
         budget_bytes=options.budget_bytes,
         predicted_peak_bytes=plan.peak_bytes,
-        min_feasible_bytes=min_budget_bytes(lowest.peak_bytes, options.headroom_fraction),
-        planned_budget_bytes=options.planned_bytes,
-        headroom=options.headroom_fraction,
+        min_feasible_bytes=min_budget_bytes(lowest.peak_bytes, options.headroom, margin),
+        planned_budget_bytes=planning_target(problem, options),
+        headroom=options.headroom or 0.0,
+        margin_bytes=margin,
+        min_feasible_exact=options.compiler == "eager",
         store_all_peak_bytes=store_all.peak_bytes,
         predicted_overhead_seconds=plan.added_seconds - store_all.added_seconds,
         solver=plan.solver,

@@ -34,7 +34,7 @@ from remat.report import NodeRow, Report
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2
 OFF = ("0", "off", "false", "no", "")
 
 
@@ -67,7 +67,7 @@ def graph_key(graph: fx.Graph, options: Options, device: str) -> dict[str, Any]:
         "format": FORMAT,
         "graph": graph_fingerprint(graph),
         "budget_bytes": options.budget_bytes,
-        "planned_bytes": options.planned_bytes,
+        "headroom": options.headroom,
         "solver": options.solver,
         "profile": options.profile,
         "compiler": options.compiler,

@@ -237,24 +237,71 @@ def problem_nodes(graph: fx.Graph, order: Order) -> Iterable[fx.Node]:
             yield node
 
 
-def fused_away(node: fx.Node, costs: dict[str, NodeCost], order: Order, outputs: set[fx.Node], *,
-               any_phase: bool = False) -> bool:
-    """Whether Inductor computes ``node`` inside its consumers' kernel, never writing it.
+# Inductor's realization heuristic for a pointwise value read more than once
+# (``StorageBox.should_realize_on_reuse``, unchanged from torch 2.11 to 2.14):
+# it is written to memory when its inlined body reads more than 4 buffers,
+# exceeds 30 ops, or, on the CPU, uses an op Inductor deems heavy; otherwise
+# every reader recomputes it inline and no buffer is ever allocated.
+REALIZE_READS = 4
+REALIZE_OPS = 30
+REALIZE_ACC_READS = 8  # a body reading more than this is realized whatever its readers
+CPU_HEAVY_OPS = frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"})
 
-    A pointwise value read only by pointwise ops or reductions is fused into them: in
-    its own pass when they all run there; when recomputed in the backward,
-    wherever they run (``any_phase``). Kept values are always written.
-    """
-    # Inductor may realize a value with several readers into a buffer: only
-    # a single reader is sure to inline it.
-    if costs[node.name].kind != "pointwise" or node in outputs or len(node.users) != 1:
-        return False
-    phase = node in order.forward
-    return all(
-        u in order.step_of and (any_phase or (u in order.forward) == phase)
-        and costs[u.name].kind in ("pointwise", "reduction")
-        for u in node.users
-    )
+
+@dataclass(frozen=True)
+class Inline:
+    """What a value inlined into its readers carries: the buffers it reads, its op count, heavy ops."""
+
+    reads: frozenset[fx.Node]
+    ops: int
+    heavy: bool
+
+
+def op_name(node: fx.Node) -> str:
+    return str(getattr(node.target, "__name__", node.target)).split(".")[0]
+
+
+def inlined_values(steps: list[fx.Node], costs: dict[str, NodeCost], outputs: set[fx.Node], *,
+                   cpu: bool, across: set[fx.Node] = frozenset()) -> set[fx.Node]:
+    """The pointwise values among ``steps`` (one graph's nodes, in order) that Inductor
+    computes inside their readers' kernels, so that no buffer holds them.
+
+    A value is realized when a reader is not pointwise or a reduction (a matmul,
+    an extern kernel, a view), when it leaves the graph, when its body grows past
+    ``REALIZE_ACC_READS`` reads, or when it has several readers and its body
+    trips Inductor's reuse heuristic. Readers outside ``steps`` count as
+    non-fusing readers (the value crosses graphs), except for values in
+    ``across``, whose outside readers read a kept or recomputed copy."""
+    inside = set(steps)
+    bodies: dict[fx.Node, Inline] = {}
+    for node in steps:
+        if costs.get(node.name) is None or costs[node.name].kind != "pointwise" or node in outputs:
+            continue
+        body = inline_body(node, bodies)
+        users = [u for u in node.users if u in inside or node not in across]
+        fusing = all(u in inside and costs.get(u.name) is not None
+                     and costs[u.name].kind in ("pointwise", "reduction") for u in users)
+        if not fusing or len(body.reads) > REALIZE_ACC_READS:
+            continue
+        if len(users) > 1 and (body.ops > REALIZE_OPS or len(body.reads) > REALIZE_READS or (cpu and body.heavy)):
+            continue
+        bodies[node] = body
+    return set(bodies)
+
+
+def inline_body(node: fx.Node, bodies: dict[fx.Node, Inline]) -> Inline:
+    """``node``'s body with its inlined operands' bodies folded in."""
+    reads: set[fx.Node] = set()
+    ops, heavy = 1, op_name(node) in CPU_HEAVY_OPS
+    for arg in node.all_input_nodes:
+        inner = bodies.get(arg)
+        if inner is None:
+            reads.add(arg)
+            continue
+        reads |= inner.reads
+        ops += inner.ops
+        heavy = heavy or inner.heavy
+    return Inline(frozenset(reads), ops, heavy)
 
 
 def produced_at(node: fx.Node, order: Order) -> int:
@@ -265,16 +312,31 @@ def produced_at(node: fx.Node, order: Order) -> int:
     return order.step_of[node]
 
 
-def apply_fusion(node: fx.Node, field: dict, costs: dict[str, NodeCost], order: Order,
-                 outputs: set[fx.Node]) -> None:
-    """Discount bytes Inductor never allocates (see ``fused_away``)."""
-    if fused_away(node, costs, order, outputs, any_phase=node in order.forward):
+def apply_fusion(node: fx.Node, field: dict, inlined: set[fx.Node], inlined_anywhere: set[fx.Node],
+                 order: Order) -> None:
+    """Discount bytes Inductor never allocates (see ``inlined_values``)."""
+    if node in inlined_anywhere:
         field["recompute_bytes"] = 0  # recomputed straight into fused consumers
-    if fused_away(node, costs, order, outputs):
+    if node in inlined:
         if field.get("need_start") is None:
             field["bytes"] = 0
         elif node in order.forward:
             field["fused_in_forward"] = True
+
+
+def fusion_sets(order: Order, costs: dict[str, NodeCost], outputs: set[fx.Node],
+                cpu: bool) -> tuple[set[fx.Node], set[fx.Node]]:
+    """(values inlined within their own graph, forward values inlined wherever they are recomputed)."""
+    forward = [n for n in order.steps if n in order.forward]
+    backward = [n for n in order.steps if n not in order.forward]
+    # a forward value the backward reads is a graph output unless recomputed there: judge
+    # its forward readers only, as the plan decides whether it crosses
+    fwd_outputs = {n for n in outputs if n in order.forward}
+    crossing = {n for n in forward if any(u not in order.forward for u in n.users)}
+    in_forward = inlined_values(forward, costs, fwd_outputs, cpu=cpu, across=crossing)
+    in_backward = inlined_values(backward, costs, outputs, cpu=cpu)
+    anywhere = inlined_values(order.steps, costs, outputs, cpu=cpu)
+    return in_forward | in_backward, anywhere & order.forward
 
 
 def placeholder_value(node: fx.Node, cost: NodeCost, order: Order) -> Value:
@@ -308,9 +370,10 @@ def build_problem(graph: fx.Graph, node_info: adapter.NodeInfo, costs: dict[str,
     ban_reading_written_inputs(fields, adapter.mutated_inputs(graph), costs)
     owners = {n: storage_owner(n, costs, by_name) for n in fields}
     fold_aliases(fields, owners)
-    for node in fields:
-        if fusion:
-            apply_fusion(node, fields[node], costs, order, outputs)
+    if fusion:
+        inlined, anywhere = fusion_sets(order, costs, outputs, device_of(graph).type == "cpu")
+        for node in fields:
+            apply_fusion(node, fields[node], inlined, anywhere, order)
     inputs = [placeholder_value(n, costs[n.name], order) for n in graph.find_nodes(op="placeholder") if n.name in costs]
     values = inputs + [Value(**f) for f in fields.values()]
     workspace = tuple(costs[n.name].workspace if n.name in costs else 0 for n in order.steps)

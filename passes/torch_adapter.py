@@ -89,6 +89,9 @@ def compile_inductor(
 
     def inner(graph: fx.GraphModule, inputs: Sequence[Any], **kwargs: Any) -> Any:
         on_graph(graph, "backward" if kwargs.get("is_backward") else "forward")
+        # Inductor's post-grad passes may rename the forward's outputs; the backward
+        # reads them under the partitioner's names, so note those now.
+        _PARTITIONED_OUTPUTS.append(output_names(graph))
         # Runs when the graph is compiled (the backward lazily, at its first
         # call), so the settings are applied here rather than around compile_fx.
         with inductor_config.patch(INDUCTOR_SETTINGS):
@@ -290,3 +293,167 @@ def mutated_inputs(graph: fx.Graph) -> set[str]:
     descs = graph.find_nodes(op="output")[0].meta.get("desc") or []
     return {placeholders[repr(d.mutated_input)] for d in descs
             if type(d).__name__ == "InputMutationAOTOutput" and repr(d.mutated_input) in placeholders}
+
+
+# --- Inductor's generated program (passes/inductor_account.py) -------------
+# Wrapper line classes: AllocateLine, ReuseLine, FreeIfNotReusedLine and
+# NullLine date from 2023; ReinterpretLine, ExternKernelAllocLine,
+# MultiOutputLine and FreeLine from the wrapper-IR refactor (torch 2.8);
+# ExternKernelMultiOutLine is newer, hence the getattr guards.
+from torch._inductor import ir as _ir  # noqa: E402
+from torch._inductor.codegen import wrapper as _wrapper  # noqa: E402
+from torch._inductor.graph import GraphLowering as _GraphLowering  # noqa: E402
+
+_MEMORY_LINES = tuple(getattr(_wrapper, n) for n in ("AllocateLine", "ReuseLine", "ReinterpretLine",
+                                                     "FreeIfNotReusedLine", "NullLine") if hasattr(_wrapper, n))
+_SILENT_LINES = tuple(getattr(_wrapper, n) for n in (
+    "ExternKernelOutLine", "ExternKernelMultiOutLine", "KernelCallLine", "KernelDefinitionLine", "CommentLine",
+    "EnterSubgraphLine", "ExitSubgraphLine", "EnterDeviceContextManagerLine", "ExitDeviceContextManagerLine",
+    "EnterCudaStreamContextLine", "ExitCudaStreamContextLine", "SymbolicCallArgLine", "UnbackedSymbolDefsLine",
+    "AssertSizeStrideLine", "AssertDivByZeroLine", "DynamicScalarLine", "IndexPutFallbackLine",
+    "ScatterFallbackLine", "ConditionalLine") if hasattr(_wrapper, n))
+
+
+@contextlib.contextmanager
+def on_inductor_codegen(callback: Callable[[Any], None]) -> Iterator[None]:
+    """Call ``callback(graph_lowering)`` after each wrapper Inductor generates in the block.
+
+    The backward is lowered together with the forward, and the FX graph and
+    AOTAutograd caches are off: a cache hit would skip code generation.
+    """
+    original = _GraphLowering.codegen
+
+    def codegen(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(self, *args, **kwargs)
+        callback(self)
+        return out
+
+    _GraphLowering.codegen = codegen
+    _PARTITIONED_OUTPUTS.clear()
+    try:
+        with functorch_config.patch(force_non_lazy_backward_lowering=True, enable_autograd_cache=False), \
+                inductor_config.patch(fx_graph_cache=False):
+            yield
+    finally:
+        _GraphLowering.codegen = original
+
+
+def _hint(lowering: Any, expr: Any) -> int:
+    sizevars = lowering.sizevars
+    hint = getattr(sizevars, "optimization_hint", None) or getattr(sizevars, "size_hint")  # 2.13 / 2.11
+    return int(hint(expr))
+
+
+def _storage_bytes(lowering: Any, node: Any) -> int:
+    size = lowering.get_allocation_storage_size(node)
+    return _hint(lowering, size) * node.get_dtype().itemsize
+
+
+def _layout_bytes(lowering: Any, node: Any) -> int:
+    layout = node.get_layout()
+    numel = _ir.compute_required_storage_length(layout.size, layout.stride, layout.offset)
+    return _hint(lowering, numel) * node.get_dtype().itemsize
+
+
+def graph_input_bytes(lowering: Any) -> dict[str, int]:
+    """Tensor graph inputs, by name, with the bytes their layouts span."""
+    out = {}
+    for name, node in lowering.graph_inputs.items():
+        try:
+            out[name] = _layout_bytes(lowering, node)
+        except (AttributeError, NotImplementedError, TypeError):
+            continue  # symbolic sizes and other non-tensor inputs hold no tensor memory
+    return out
+
+
+def fx_placeholder_names(lowering: Any) -> list[str]:
+    return list(lowering.graph_input_names)
+
+
+# Output names of each graph handed to Inductor, as the partitioner named them, in order.
+_PARTITIONED_OUTPUTS: list[list[str]] = []
+
+
+def output_names(gm: fx.GraphModule) -> list[str]:
+    output = gm.graph.find_nodes(op="output")[0]
+    args = output.args[0]
+    return [getattr(a, "name", "") for a in (args if isinstance(args, (tuple, list)) else [args])]
+
+
+def fx_output_names(lowering: Any) -> list[str]:
+    """The lowered graph's output names as the partitioner gave them (when remat compiled it)."""
+    if _PARTITIONED_OUTPUTS:
+        return _PARTITIONED_OUTPUTS.pop(0)
+    return output_names(lowering.module)
+
+
+def _owner(node: Any) -> str | None:
+    """The name of the buffer or input whose storage ``node`` is."""
+    while True:
+        if isinstance(node, (_ir.TensorBox, _ir.StorageBox)):
+            node = node.data
+        elif isinstance(node, _ir.ReinterpretView) or (isinstance(node, _ir.BaseView) and hasattr(node, "data")):
+            node = node.data
+        else:
+            break
+    try:
+        return node.get_name()
+    except (AttributeError, NotImplementedError):
+        return None
+
+
+def graph_output_names(lowering: Any) -> list[str | None]:
+    return [_owner(node) for node in lowering.graph_outputs]
+
+
+def wrapper_lines(lowering: Any) -> list[Any]:
+    return list(lowering.wrapper_code.lines)
+
+
+def memory_event(line: Any) -> tuple[str, Any]:
+    """("events", [...]) for a line that changes memory, ("none", None), or ("unknown", kind)."""
+    lowering = _ir.V.graph
+    name = type(line).__name__
+    if isinstance(line, str) or not isinstance(line, _wrapper.WrapperLine):
+        return "none", None
+    if name == "AllocateLine":
+        return "events", [("alloc", line.node.get_name(), _storage_bytes(lowering, line.node))]
+    if name == "ReuseLine":
+        old, new = line.node.get_name(), line.reused_as.get_name()
+        events = [("alias", new, old)]
+        if line.delete_old and old not in lowering.get_output_names():
+            events.append(("drop", old))
+        return "events", events
+    if name == "ReinterpretLine":
+        return "events", [("alias", line.reused_as.get_name(), line.node.get_name())]
+    if name == "FreeIfNotReusedLine":
+        return "events", [] if line.is_reused else [("drop", line.node.get_name())]
+    if name == "FreeLine":
+        return "events", [("drop", line.node.get_name())]
+    if name == "NullLine":
+        return "none", None
+    if name == "ExternKernelAllocLine":
+        return "events", _extern_alloc(lowering, line.node)
+    if name == "MultiOutputLine":
+        return "events", [("alias", line.result_name, f"{line.arg_name}{_index_suffix(line.indices)}")]
+    if isinstance(line, _SILENT_LINES):
+        return "none", None
+    return "unknown", name
+
+
+def _index_suffix(indices: Any) -> str:
+    return "".join(f"[{i}]" for _, i in indices)
+
+
+def _extern_alloc(lowering: Any, node: Any) -> list[tuple]:
+    """What an extern kernel that allocates its own output(s) adds."""
+    layout = getattr(node, "layout", None)
+    if layout is None or isinstance(layout, _ir.NoneLayout) or node.should_allocate():
+        return []
+    aliased = node.get_inputs_that_alias_output() if hasattr(node, "get_inputs_that_alias_output") else []
+    if aliased:
+        return [("alias", node.get_name(), aliased[0])]
+    if isinstance(layout, _ir.MultiOutputLayout):
+        return [("alloc", f"{node.get_name()}{_index_suffix(out.indices)}", _layout_bytes(lowering, out))
+                for out in getattr(node, "outputs", []) or [] if isinstance(out, _ir.MultiOutput)]
+    return [("alloc", node.get_name(), _storage_bytes(lowering, node))]

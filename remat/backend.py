@@ -13,7 +13,8 @@ from typing import Any
 import torch.fx as fx
 
 from remat.passes import torch_adapter as adapter
-from remat.passes.partition import Planner
+from remat.passes.fit import compile_fitted, settle_min_feasible
+from remat.passes.partition import PlanComplete, Planner
 
 from .options import Options
 from .report import Report
@@ -27,7 +28,10 @@ class RematBackend:
 
     def __init__(self, options: Options, *, stop_after_plan: bool = False) -> None:
         self.options = options
-        self.planner = Planner(options, stop_after_plan=stop_after_plan)
+        self.stop_after_plan = stop_after_plan
+        # Op by op the model is exact: planning is enough. Under Inductor a plan is
+        # compiled (nothing runs) so that its program is known; then capture stops.
+        self.planner = Planner(options, stop_after_plan=stop_after_plan and options.compiler == "eager")
         self.__name__ = "remat"
 
     @property
@@ -35,9 +39,15 @@ class RematBackend:
         return self.planner.reports
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-        compile_graph = adapter.compile_inductor if self.options.compiler == "inductor" else adapter.compile_eager
         with adapter.saved_values_chooser(self.planner.choose):
-            return compile_graph(gm, example_inputs, on_graph=self.planner.on_graph)
+            if self.options.compiler == "eager":
+                return adapter.compile_eager(gm, example_inputs, on_graph=self.planner.on_graph)
+            # Inductor: compile, account for the program it generated, plan tighter while it is over
+            compiled = compile_fitted(gm, example_inputs, self.planner, adapter.compile_inductor)
+            if self.stop_after_plan:
+                settle_min_feasible(gm, example_inputs, self.planner, adapter.compile_inductor)
+                raise PlanComplete
+            return compiled
 
 
 def remat_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | None = None,

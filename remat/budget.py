@@ -64,15 +64,22 @@ def alive_category(v, step: int, solution: Solution) -> str | None:
     return None
 
 
-def min_budget_bytes(min_peak: int, headroom: float) -> int:
-    """The smallest budget whose planned part (less the headroom) fits ``min_peak``."""
-    return math.ceil(min_peak / (1 - headroom))
+def min_budget_bytes(min_peak: int, headroom: float | None, margin: int = 0) -> int:
+    """The smallest budget whose planned part fits ``min_peak``: less a ``headroom``
+    fraction when one is set, else less ``margin`` bytes."""
+    if headroom:
+        return math.ceil(min_peak / (1 - headroom))
+    return min_peak + margin
 
 
-def infeasible(problem: Problem, budget: int, min_peak: Solution, headroom: float) -> BudgetError:
+def infeasible(problem: Problem, budget: int, min_peak: Solution, headroom: float | None, margin: int) -> BudgetError:
+    """The error for ``budget``: a ``headroom`` fraction of it, or else ``margin`` bytes, is held back."""
     parts = breakdown_at_peak(problem, min_peak)
-    smallest = min_budget_bytes(min_peak.peak_bytes, headroom)
-    held = f", with {headroom:.0%} held back as headroom" if headroom else ""
+    smallest = min_budget_bytes(min_peak.peak_bytes, headroom, margin)
+    if headroom:
+        held = f", with {headroom:.0%} held back as headroom"
+    else:
+        held = f", with {format_bytes(margin)} held back for kernel scratch" if margin else ""
     top = ", ".join(f"{name} {format_bytes(b)}" for name, b in list(parts.items())[:3])
     proven = min_peak.status is Status.OPTIMAL
     which = "the smallest feasible budget" if proven else "the smallest budget found feasible"

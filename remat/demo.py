@@ -44,10 +44,8 @@ def main(argv: list[str] | None = None) -> None:
     model, inputs = build_model(args.device, args.layers)
     print(f"GPT-style model on {args.device}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters")
     unconstrained = remat.plan(model, *inputs)
-    # both ends as budgets: the plan itself must fit the budget less the headroom
-    low = unconstrained.min_feasible_bytes
-    high = unconstrained.store_all_peak_bytes / (1 - unconstrained.headroom)
-    budget_gb = (low + args.fraction * (high - low)) / GIB
+    low, high = unconstrained.min_feasible_bytes, unconstrained.unbinding_budget_bytes
+    budget_gb = unconstrained.budget_at(args.fraction) / GIB
     print(f"budget to keep everything {format_bytes(high)}, smallest feasible {format_bytes(low)}: "
           f"planning under {budget_gb:.4f} GiB")
     compiled = remat.compile(model, budget_gb=budget_gb, compiler=args.compiler)

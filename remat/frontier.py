@@ -50,11 +50,12 @@ class Frontier:
     measured: bool = False
     measured_device: str = ""
     reports: list[Report | None] = field(default_factory=list, repr=False)  # one per row, None when infeasible
+    unbinding_budget_bytes: int = 0  # the budget at and above which no plan is bound
 
     def to_dict(self) -> dict[str, Any]:
         return {"rows": [dict(r) for r in self.rows], "store_all_peak_bytes": self.store_all_peak_bytes,
                 "min_feasible_bytes": self.min_feasible_bytes, "compiler": self.compiler, "headroom": self.headroom,
-                "device": self.device, "measured": self.measured, "measured_device": self.measured_device}
+                "unbinding_budget_bytes": self.unbinding_budget_bytes, "device": self.device, "measured": self.measured, "measured_device": self.measured_device}
 
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), **kwargs)
@@ -110,7 +111,8 @@ def sweep(model: Callable[..., Any], *inputs: Any, budgets: Sequence[float] | No
     reports = [r if isinstance(r, Report) else None for r in results]
     rows = [row(gb, r) for gb, r in zip(chosen, results)]
     frontier = Frontier(rows, base.store_all_peak_bytes, base.min_feasible_bytes, compiler,
-                        options.headroom_fraction, base.device, reports=reports)
+                        base.headroom, base.device, reports=reports,
+                        unbinding_budget_bytes=base.unbinding_budget_bytes)
     if measure:
         measure_frontier(frontier, model, inputs, options)
     log.info("remat sweep over %d budgets:\n%s", len(rows), frontier.to_markdown())
@@ -138,7 +140,7 @@ def capture(model: Callable[..., Any], inputs: Sequence[Any], options: Options) 
 def spread(report: Report, points: int) -> list[float]:
     """``points`` budgets (GiB) from the smallest feasible to the one at which keeping everything fits."""
     low = report.min_feasible_bytes
-    high = max(low, report.store_all_peak_bytes / (1 - report.headroom))
+    high = max(low, report.unbinding_budget_bytes)
     if points == 1 or high == low:
         return [high / GIB]
     return [(low + i * (high - low) / (points - 1)) / GIB for i in range(points)]

@@ -13,7 +13,6 @@ from .budget import budget_bytes
 
 COMPILERS = ("inductor", "eager")
 PROFILES = ("measure", "analytic")
-HEADROOM = {"eager": 0.0, "inductor": 0.2}
 
 
 @dataclass(frozen=True)
@@ -29,11 +28,11 @@ class Options:
       (FLOPs and bytes over device peaks, nothing run).
     - ``compiler``: "inductor" (default) or "eager" (run the partitioned
       graphs op by op: no fusion, for debugging).
-    - ``headroom``: fraction of the budget held back for memory the model
-      does not see; ``None`` takes the compiler's default (``HEADROOM``):
-      0 for "eager", whose graphs the model predicts to the byte, and 0.2
-      for "inductor", whose own rewrites and kernel order the model only
-      approximates (measured: see the README).
+    - ``headroom``: a fraction of the budget to hold back; ``None`` (default)
+      holds back only what no account sees: nothing for "eager", whose graphs
+      the model predicts to the byte, and under "inductor", whose generated
+      program remat accounts for line by line, the largest scratch memory
+      measured inside any one op (see the README, Headroom).
     - ``plan_cache``: ``True`` (default) keeps plans on disk, so a graph
       compiled again skips the solve; a folder path keeps them there;
       ``False`` turns it off (see ``remat.passes.plan_cache``).
@@ -64,16 +63,6 @@ class Options:
     @property
     def budget_bytes(self) -> int | None:
         return budget_bytes(self.budget_gb)
-
-    @property
-    def headroom_fraction(self) -> float:
-        return HEADROOM[self.compiler] if self.headroom is None else float(self.headroom)
-
-    @property
-    def planned_bytes(self) -> int | None:
-        """The budget the plan itself must fit: the user's less the headroom."""
-        budget = self.budget_bytes
-        return None if budget is None else int(budget * (1 - self.headroom_fraction))
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, object] | None) -> Options:

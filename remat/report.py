@@ -51,8 +51,13 @@ class Report:
     solve_seconds: float
     mip_gap: float | None
     nodes: list[NodeRow]
-    planned_budget_bytes: int | None = None  # the budget less the headroom
-    headroom: float = 0.0
+    planned_budget_bytes: int | None = None  # the budget less the headroom or the margin
+    headroom: float = 0.0  # the fraction held back, when the user set one
+    margin_bytes: int = 0  # held back for scratch no account sees (Inductor, default)
+    compiled_peak_bytes: int | None = None  # what the program Inductor generated peaks at
+    compile_attempts: int = 0  # plans compiled to fit the budget (Inductor)
+    # min_feasible_bytes is the program's (Inductor: the smallest-peak plan compiled) or the model's
+    min_feasible_exact: bool = False
     min_cut_peak_bytes: int | None = None
     min_cut_overhead_seconds: float | None = None
     realized_peak_bytes: int | None = None
@@ -71,6 +76,18 @@ class Report:
     plan_timeline: list[int] = field(default_factory=list)
     store_all_timeline: list[int] = field(default_factory=list)
     backward_starts_at: int = 0  # the first backward step
+
+    @property
+    def unbinding_budget_bytes(self) -> int:
+        """The budget at and above which no plan is bound: store-all's peak plus what is held back."""
+        if self.headroom:
+            return math.ceil(self.store_all_peak_bytes / (1 - self.headroom))
+        return self.store_all_peak_bytes + self.margin_bytes
+
+    def budget_at(self, fraction: float) -> int:
+        """The budget ``fraction`` of the way from the smallest feasible (0) to the unbinding one (1)."""
+        low = self.min_feasible_bytes
+        return int(low + fraction * max(0, self.unbinding_budget_bytes - low))
 
     @property
     def recomputed(self) -> list[str]:

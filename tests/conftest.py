@@ -33,9 +33,7 @@ def build(name: str, **overrides: object) -> tuple[torch.nn.Module, tuple[torch.
 def budget_between(report: remat.Report, fraction: float) -> float:
     """A budget_gb ``fraction`` of the way from the smallest feasible to the
     budget at which keeping everything fits (both with the headroom)."""
-    low = report.min_feasible_bytes
-    high = max(low, report.store_all_peak_bytes / (1 - report.headroom))
-    return (low + fraction * (high - low)) / GIB
+    return report.budget_at(fraction) / GIB
 
 
 @pytest.fixture(autouse=True)

@@ -335,9 +335,7 @@ def differences(expected: dict | list, actual: dict | list, what: str, tol: dict
 
 
 def budget_at(report: remat.Report, fraction: float) -> float:
-    low = report.min_feasible_bytes
-    high = max(low, math.ceil(report.store_all_peak_bytes / (1 - report.headroom)))
-    return math.ceil(low + fraction * (high - low)) / GIB
+    return math.ceil(report.budget_at(fraction)) / GIB
 
 
 def run(case: Case, *, measure_peak: bool = True) -> Outcome:

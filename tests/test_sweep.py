@@ -26,7 +26,7 @@ def test_default_budgets_run_from_the_smallest_feasible_to_store_all(frontier: r
     rows = frontier.rows
     assert len(rows) == POINTS and all(r["feasible"] for r in rows)
     assert rows[0]["budget_bytes"] == frontier.min_feasible_bytes
-    assert rows[-1]["budget_bytes"] == pytest.approx(frontier.store_all_peak_bytes / (1 - frontier.headroom), abs=1)
+    assert rows[-1]["budget_bytes"] == pytest.approx(frontier.unbinding_budget_bytes, abs=1)
     assert all(r["predicted_peak_bytes"] <= r["budget_bytes"] for r in rows)
     peaks = [r["predicted_peak_bytes"] for r in rows]
     overheads = [r["predicted_overhead_seconds"] for r in rows]

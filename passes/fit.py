@@ -1,0 +1,109 @@
+"""Fit the compiled program to the budget (Inductor).
+
+remat plans with a model of the partitioned graphs run op by op; Inductor
+then fuses, reorders and reuses buffers. So under Inductor the plan is only a
+proposal: each proposal is compiled, the program Inductor generated is
+accounted for line by line (:mod:`.inductor_account`), and while that
+program peaks over the planning target the plan is made again, tighter by the
+overshoot. Below the model's smallest peak the smallest-peak plan is compiled
+and judged by its own program, so a budget the model would refuse but the
+program fits is accepted, and the smallest feasible budget a
+:class:`BudgetError` names is the program's, not the model's.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch.fx as fx
+
+from remat.budget import min_budget_gb
+from remat.errors import BudgetError, format_bytes
+
+from . import inductor_account as account
+from .partition import GraphPlan, Planner
+
+log = logging.getLogger(__name__)
+MAX_ATTEMPTS = 4  # plans compiled per graph before settling for the smallest-peak plan
+Compile = Callable[..., Callable[..., Any]]
+
+
+def compile_fitted(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
+                   compile_graph: Compile) -> Callable[..., Any]:
+    """Compile ``gm`` with a plan whose compiled program fits the planning target."""
+    target: int | None = None
+    planner.settle_for_lowest = planner.options.budget_bytes is not None
+    try:
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            # the last attempt asks for less than any plan holds: the smallest-peak plan
+            planner.target = 0 if attempt == MAX_ATTEMPTS and target is not None else target
+            compiled, plan, peak = compile_once(gm, example_inputs, planner, compile_graph)
+            plan.report.compile_attempts = attempt
+            limit = plan.report.planned_budget_bytes
+            if plan.smallest:  # the program's own smallest peak: exact, whatever the model said
+                plan.report.min_feasible_bytes = peak + plan.report.margin_bytes
+                plan.report.min_feasible_exact = True
+            if limit is None or peak <= limit:
+                return compiled
+            if plan.smallest:
+                raise over_budget(plan, peak)
+            # the model missed by (peak - limit): ask it for that much less than it predicted
+            target = min(limit, plan.solution.peak_bytes) - (peak - limit)
+            log.info("remat: compiled program peaks at %s over the target %s; planning again to %s",
+                     format_bytes(peak), format_bytes(limit), format_bytes(target))
+            planner.plans.pop()
+    finally:
+        planner.target, planner.settle_for_lowest = None, False
+    raise AssertionError("unreachable")
+
+
+def settle_min_feasible(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
+                        compile_graph: Compile) -> None:
+    """Make the last plan's ``min_feasible_bytes`` exact: the peak of the program Inductor
+    generates for the smallest-peak plan, plus the margin. Costs one more compile, unless
+    the plan is the smallest-peak plan already."""
+    plan = planner.plans[-1]
+    if plan.smallest:
+        return
+    planner.target, planner.settle_for_lowest = 0, True
+    planned = len(planner.plans)
+    try:
+        _, lowest, peak = compile_once(gm, example_inputs, planner, compile_graph)
+    finally:
+        planner.target, planner.settle_for_lowest = None, False
+        del planner.plans[planned:]
+    plan.report.min_feasible_bytes = peak + lowest.report.margin_bytes
+    plan.report.min_feasible_exact = True
+
+
+def compile_once(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
+                 compile_graph: Compile) -> tuple[Callable[..., Any], GraphPlan, int]:
+    """Plan and compile a copy of ``gm`` (Inductor's pre-grad passes rewrite it in place);
+    the compiled callable, its plan, and the peak of the program Inductor generated."""
+    with account.capture_programs() as programs:
+        compiled = compile_graph(copy.deepcopy(gm), example_inputs, on_graph=planner.on_graph)
+    plan = planner.plans[-1]
+    step = account.step_account(programs)
+    if not step.complete:
+        log.warning("remat: %s; the compiled peak is a lower bound", step.incomplete_reason)
+        plan.report.notes.append(f"compiled account incomplete: {step.incomplete_reason}")
+    plan.report.compiled_peak_bytes = step.peak_bytes
+    return compiled, plan, step.peak_bytes
+
+
+def over_budget(plan: GraphPlan, peak: int) -> BudgetError:
+    report = plan.report
+    held = report.budget_bytes - report.planned_budget_bytes
+    smallest = peak + held
+    return BudgetError(
+        f"budget {format_bytes(report.budget_bytes)} is below the smallest feasible budget "
+        f"{format_bytes(smallest)} for this graph under Inductor: the program Inductor generates for the "
+        f"lowest plan remat found peaks at {format_bytes(peak)}"
+        + (f", and {format_bytes(held)} is held back for kernel scratch" if held else "")
+        + f". Raise budget_gb to at least {min_budget_gb(smallest)!r}, or shrink the batch or sequence.",
+        budget_bytes=report.budget_bytes,
+        min_feasible_bytes=smallest,
+    )
