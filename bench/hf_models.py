@@ -2,7 +2,7 @@
 
 Each is wrapped so that ``model(*inputs)`` is the scalar loss and ``model.blocks``
 is its list of layers (what the checkpoint-per-block peers wrap). Dropout is
-off, as in the zoo's defaults, so every peer trains the same function.
+off, as in the defaults of remat.zoo, so every peer trains the same function.
 
 >>> if available():
 ...     model, inputs = build("hf-gpt2", layers=1, d_model=32, heads=2, seq=16, vocab=64, batch=2)
