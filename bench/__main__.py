@@ -31,8 +31,8 @@ from typing import Any
 import torch
 
 from bench import hf_models, pareto, peers, render, scaling
-from bench.models import build as build_zoo
 from remat.cli import parse_overrides
+from remat.zoo import build as build_zoo
 
 ZOO = ("gpt", "gpt-softmax", "llama", "convnet", "vit")
 SDPA_MODELS = ("gpt", "llama", "vit", "hf-gpt2", "hf-llama", "hf-bert")

@@ -22,12 +22,12 @@ from collections.abc import Callable
 import torch
 
 import remat
-from bench.models import build
 from remat.cli import parse_overrides
 from remat.errors import GIB, format_bytes
 from remat.measure import step_peak, tensor_bytes
 from remat.passes import torch_adapter as adapter
 from remat.passes.profile import time_call
+from remat.zoo import build
 
 CUDA_SIZE = {"layers": 12, "d_model": 1024, "heads": 16, "seq": 2048, "vocab": 32000, "batch": 8}
 SMOKE_SIZE = {"layers": 2, "d_model": 64, "heads": 4, "seq": 64, "vocab": 256, "batch": 4}

@@ -20,10 +20,10 @@ import pathlib
 import torch
 
 import remat
-from bench.models import build
 from remat.errors import GIB
 from remat.measure import cpu_step_peak, tensor_bytes
 from remat.passes import torch_adapter as adapter
+from remat.zoo import build
 
 SIZES = {"gpt": {"batch": 8, "seq": 64}, "llama": {"batch": 8, "seq": 64}, "convnet": {"batch": 8}}
 FRACTIONS = (0.05, 0.5)

@@ -2,7 +2,7 @@
 
 Each is wrapped so that ``model(*inputs)`` is the scalar loss and ``model.blocks``
 is its list of layers (what the checkpoint-per-block peers wrap). Dropout is
-off, as in the zoo's defaults, so every peer trains the same function.
+off, as in the defaults of remat.zoo, so every peer trains the same function.
 
 >>> if available():
 ...     model, inputs = build("hf-gpt2", layers=1, d_model=32, heads=2, seq=16, vocab=64, batch=2)
@@ -44,8 +44,10 @@ def _gpt2(c: dict[str, Any]) -> HFLoss:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     cfg = GPT2Config(n_layer=c["layers"], n_embd=c["d_model"], n_head=c["heads"], n_positions=c["seq"],
-                     vocab_size=c["vocab"], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                     vocab_size=c["vocab"], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                     bos_token_id=c["vocab"] - 1, eos_token_id=c["vocab"] - 1)  # inside small vocabularies
     hf = GPT2LMHeadModel(cfg)
+    hf.loss_type = "ForCausalLM"  # the loss it falls back to, without the warning that breaks the graph
     return HFLoss(hf, hf.transformer.h)
 
 

@@ -24,8 +24,8 @@ import platform
 import torch
 
 import remat
-from bench.models import build
 from remat.errors import GIB
+from remat.zoo import build
 
 SIZE = {"d_model": 256, "heads": 8, "seq": 128, "vocab": 1024, "batch": 8}
 DEPTHS = (2, 4, 8, 12, 24, 48)

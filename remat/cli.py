@@ -108,11 +108,8 @@ def load_model(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...]]:
         return load_factory(args.module)
     if not args.model:
         raise UsageError(f"name a built-in model ({BUILT_IN}) or pass --module pkg.module:factory")
-    try:
-        from bench.models import build
-    except ModuleNotFoundError:
-        raise UsageError("the built-in models live in the repository's bench/ folder: run from its root, "
-                         "or pass --module pkg.module:factory") from None
+    from .zoo import build
+
     overrides = parse_overrides(args.set)
     if args.layers:
         overrides["layers"] = args.layers
@@ -159,7 +156,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 def model_arguments(command: argparse.ArgumentParser) -> None:
-    command.add_argument("model", nargs="?", help=f"a built-in model (bench/models.py): {BUILT_IN}")
+    command.add_argument("model", nargs="?", help=f"a built-in model (remat.zoo): {BUILT_IN}")
     command.add_argument("--module", metavar="PKG.MOD:FACTORY",
                          help="your own model: FACTORY() returns (model, inputs); found from the current folder")
     command.add_argument("--layers", type=int, help="depth of a built-in model")

@@ -14,6 +14,7 @@ import torch
 import remat
 from remat.errors import GIB, format_bytes
 from remat.measure import step_peak, tensor_bytes
+from remat.zoo import build
 
 CPU_SIZE = {"layers": 4, "d_model": 128, "heads": 4, "seq": 128, "vocab": 1024, "batch": 8}
 CUDA_SIZE = {"layers": 12, "d_model": 1024, "heads": 16, "seq": 2048, "vocab": 32000, "batch": 8}
@@ -30,8 +31,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def build_model(device: str, layers: int | None) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
-    from bench.models import build
-
     size = dict(CUDA_SIZE if device.startswith("cuda") else CPU_SIZE)
     if layers:
         size["layers"] = layers

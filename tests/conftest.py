@@ -1,4 +1,4 @@
-"""Shared fixtures: small models from bench.models and budgets between their limits."""
+"""Shared fixtures: small models from remat.zoo and budgets between their limits."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import remat
-from bench import models
+from remat import zoo
 from remat.errors import GIB
 
 # Tests plan afresh unless they turn the plan cache on themselves (tests/test_plan_cache.py);
@@ -27,7 +27,7 @@ SMALL = {
 
 
 def build(name: str, **overrides: object) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
-    return models.build(name, **{**SMALL.get(name, {}), **overrides})
+    return zoo.build(name, **{**SMALL.get(name, {}), **overrides})
 
 
 def budget_between(report: remat.Report, fraction: float) -> float:

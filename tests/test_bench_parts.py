@@ -7,7 +7,7 @@ import torch
 from torch.utils.checkpoint import CheckpointPolicy
 
 from bench import hf_models, pareto, peers, render
-from bench.models import build
+from remat.zoo import build
 
 
 def test_peers_cover_the_issue() -> None:

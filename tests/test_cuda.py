@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import remat
-from bench.models import build
 from remat.measure import cuda_step_peak, tensor_bytes
+from remat.zoo import build
 from tests.conftest import budget_between
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

@@ -9,6 +9,7 @@ import torch
 import torch._inductor.config as inductor_config
 
 import remat
+from bench import hf_models
 from tests.conftest import budget_between, build
 
 
@@ -36,7 +37,11 @@ def assert_same(expected: dict, actual: dict, what: str, atol: float = 1e-5, rto
 
 
 def check_against_eager(name: str, fraction: float, compiler: str, **overrides: object) -> remat.Report:
-    model, inputs = build(name, **overrides)
+    return check_model_against_eager(*build(name, **overrides), fraction, compiler)
+
+
+def check_model_against_eager(model: torch.nn.Module, inputs: tuple, fraction: float, compiler: str) -> remat.Report:
+    """Loss, grads and buffers of one step under a budget ``fraction`` of the way up equal eager's."""
     budget = budget_between(remat.plan(model, *inputs, compiler=compiler), fraction)
     reference = copy.deepcopy(model)
     loss_ref, grads_ref, buffers_ref = eager_step(reference, inputs)
@@ -66,6 +71,15 @@ def test_dropout_never_recomputed_with_fresh_randomness(compiler: str) -> None:
     random_rows = [n for n in report.nodes if "kept: random op" in n.reason]
     assert random_rows, "the dropout masks must be kept, with the reason given"
     assert not any("dropout" in n.op or "bernoulli" in n.op for n in report.nodes if n.decision == "recomputed")
+
+
+@pytest.mark.parametrize("name", ["hf-gpt2", "hf-llama", "hf-bert"])
+def test_hugging_face_models_match_eager_at_the_tightest_budget(name: str) -> None:
+    if not hf_models.available():
+        pytest.skip("transformers is not installed (the test extra installs it)")
+    model, inputs = hf_models.build(name, layers=2, d_model=64, heads=4, seq=32, vocab=128, batch=2)
+    report = check_model_against_eager(model, inputs, 0.0, "eager")
+    assert report.recomputed, "the smallest feasible budget must force recomputation"
 
 
 def test_convnet_batchnorm_running_stats_match_eager() -> None:

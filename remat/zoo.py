@@ -1,9 +1,11 @@
-"""A small zoo of training models, written from scratch, for tests and benchmarks.
+"""The built-in models, written from scratch: what ``remat plan NAME``, the demo and the tour train.
 
-Every model's ``forward`` takes the example inputs made by :func:`build` and
-returns a scalar loss, so ``model(*inputs).backward()`` is one training step.
+GPT-style (fused SDPA or explicit softmax attention), Llama-style, ResNet-style
+conv net, ViT and a dropout MLP. Every model's ``forward`` takes the example
+inputs made by :func:`build` and returns a scalar loss, so
+``model(*inputs).backward()`` is one training step.
 
->>> model, inputs = build("gpt", layers=12, d_model=256, seq=128)
+>>> model, inputs = build("gpt", layers=2, d_model=64, seq=32)
 >>> model(*inputs).backward()
 """
 
