@@ -176,7 +176,9 @@ def remat_row(row: Row, model: nn.Module, inputs: tuple, setup: Setup) -> Row:
         row.solve_seconds = round(sum(r.solve_seconds for r in reps), 3)
         row.mip_gap = max((r.mip_gap or 0.0) for r in reps)
         row.min_feasible_bytes = max(r.min_feasible_bytes for r in reps)
-        row.extra.update(graphs=len(reps), profile_s=round(sum(r.profile_seconds for r in reps), 3),
+        compiled = [r.compiled_peak_bytes for r in reps if r.compiled_peak_bytes is not None]
+        row.extra.update(compiled_peak_bytes=max(compiled) if compiled else None,
+                         compile_attempts=max(r.compile_attempts for r in reps), graphs=len(reps), profile_s=round(sum(r.profile_seconds for r in reps), 3),
                          min_cut_seconds=round(sum(r.min_cut_seconds for r in reps), 3),
                          joint_graph_steps=sum(r.joint_graph_steps for r in reps))
         return row

@@ -71,7 +71,10 @@ def walk(lowering: object) -> Program:
                       fx_inputs=adapter.fx_placeholder_names(lowering),
                       fx_outputs=adapter.fx_output_names(lowering))
     for line in adapter.wrapper_lines(lowering):
-        kind, event = adapter.memory_event(line)
+        try:
+            kind, event = adapter.memory_event(line)
+        except Exception as exc:  # a line shape this torch version changed: say so, never guess
+            kind, event = "unknown", f"{type(line).__name__} ({type(exc).__name__}: {exc})"
         if kind == "unknown":
             program.unknown.append(event)
         elif kind == "events":

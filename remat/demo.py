@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     model, inputs = build_model(args.device, args.layers)
     print(f"GPT-style model on {args.device}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters")
-    unconstrained = remat.plan(model, *inputs)
+    unconstrained = remat.plan(model, *inputs, compiler=args.compiler)
     low, high = unconstrained.min_feasible_bytes, unconstrained.unbinding_budget_bytes
     budget_gb = unconstrained.budget_at(args.fraction) / GIB
     print(f"budget to keep everything {format_bytes(high)}, smallest feasible {format_bytes(low)}: "

@@ -78,6 +78,12 @@ class Report:
     backward_starts_at: int = 0  # the first backward step
 
     @property
+    def checked_peak_bytes(self) -> int:
+        """The peak the budget was checked against: the compiled program's under Inductor,
+        the model's op by op (where it is exact)."""
+        return self.predicted_peak_bytes if self.compiled_peak_bytes is None else self.compiled_peak_bytes
+
+    @property
     def unbinding_budget_bytes(self) -> int:
         """The budget at and above which no plan is bound: store-all's peak plus what is held back."""
         if self.headroom:

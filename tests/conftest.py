@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import os
 
+# Inductor's CPU compiler imports torch.utils.cpp_extension, which imports setuptools, whose
+# distutils shim refuses to load once the standard library's distutils is in the process (some
+# test's imports bring it in). Loading setuptools first installs the shim before that can happen.
+import setuptools  # noqa: F401
 import pytest
 import torch
 

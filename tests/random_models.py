@@ -361,8 +361,8 @@ def run(case: Case, *, measure_peak: bool = True) -> Outcome:
     report = reports[0]
     outcome.budget_bytes, outcome.predicted_peak_bytes = report.budget_bytes, report.predicted_peak_bytes
     outcome.recomputed = len(report.recomputed)
-    if not report.predicted_peak_bytes <= report.planned_budget_bytes <= report.budget_bytes:
-        outcome.problems.append(f"predicted peak {report.predicted_peak_bytes} over the planned budget "
+    if not report.checked_peak_bytes <= report.planned_budget_bytes <= report.budget_bytes:
+        outcome.problems.append(f"checked peak {report.checked_peak_bytes} over the planned budget "
                                 f"{report.planned_budget_bytes} (budget {report.budget_bytes})")
     if measure_peak:
         model.zero_grad(set_to_none=True)  # the gradients the step produces count
