@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,55 +28,76 @@ from . import inductor_account as account
 from .partition import GraphPlan, Planner
 
 log = logging.getLogger(__name__)
-MAX_ATTEMPTS = 4  # plans compiled per graph before settling for the smallest-peak plan
+MAX_TIGHTENED = 3  # plans compiled toward the target before the two fall-backs below
+SMALLEST = 0  # a target below every plan: the model's smallest-peak plan (with settle_for_lowest)
+FASTEST = sys.maxsize  # a target no plan is bound by: the fastest plan
 Compile = Callable[..., Callable[..., Any]]
 
 
 def compile_fitted(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
                    compile_graph: Compile) -> Callable[..., Any]:
-    """Compile ``gm`` with a plan whose compiled program fits the planning target."""
-    target: int | None = None
+    """Compile ``gm`` with a plan whose compiled program fits the planning target.
+
+    Up to ``MAX_TIGHTENED`` plans, each asked for less by the last one's overshoot; then the
+    model's smallest-peak plan and the fastest plan, whose programs can peak lower than the
+    model thinks. If none fits, :class:`BudgetError` names the lower of those two programs'
+    peaks (plus the margin): a budget at which this loop always finds a plan.
+    """
     planner.settle_for_lowest = planner.options.budget_bytes is not None
     try:
-        for attempt in range(1, MAX_ATTEMPTS + 1):
-            # the last attempt asks for less than any plan holds: the smallest-peak plan
-            planner.target = 0 if attempt == MAX_ATTEMPTS and target is not None else target
-            compiled, plan, peak = compile_once(gm, example_inputs, planner, compile_graph)
-            plan.report.compile_attempts = attempt
-            limit = plan.report.planned_budget_bytes
-            if plan.smallest:  # the program's own smallest peak: exact, whatever the model said
-                plan.report.min_feasible_bytes = peak + plan.report.margin_bytes
-                plan.report.min_feasible_exact = True
-            if limit is None or peak <= limit:
-                return compiled
-            if plan.smallest:
-                raise over_budget(plan, peak)
-            # the model missed by (peak - limit): ask it for that much less than it predicted
-            target = min(limit, plan.solution.peak_bytes) - (peak - limit)
-            log.info("remat: compiled program peaks at %s over the target %s; planning again to %s",
-                     format_bytes(peak), format_bytes(limit), format_bytes(target))
-            planner.plans.pop()
+        return fit(gm, example_inputs, planner, compile_graph)
     finally:
         planner.target, planner.settle_for_lowest = None, False
-    raise AssertionError("unreachable")
+
+
+def fit(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
+        compile_graph: Compile) -> Callable[..., Any]:
+    target: int | None = None
+    fallbacks: dict[int, int] = {}  # compiled peaks of the smallest-peak and fastest plans
+    attempt = 0
+    while True:
+        attempt += 1
+        planner.target = target
+        compiled, plan, peak = compile_once(gm, example_inputs, planner, compile_graph)
+        plan.report.compile_attempts = attempt
+        limit = plan.report.planned_budget_bytes
+        if plan.smallest or target in (SMALLEST, FASTEST):
+            fallbacks[SMALLEST if plan.smallest else target] = peak
+        if limit is None or peak <= limit:
+            return compiled
+        planner.plans.pop()
+        if attempt < MAX_TIGHTENED and not plan.smallest:
+            # the model missed by (peak - limit): ask it for that much less than it predicted
+            target = min(limit, plan.solution.peak_bytes) - (peak - limit)
+        elif SMALLEST not in fallbacks:
+            target = SMALLEST
+        elif FASTEST not in fallbacks:
+            target = FASTEST
+        else:
+            raise over_budget(plan, min(fallbacks.values()))
+        log.info("remat: compiled program peaks at %s over the target %s; planning again",
+                 format_bytes(peak), format_bytes(limit))
 
 
 def settle_min_feasible(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
                         compile_graph: Compile) -> None:
-    """Make the last plan's ``min_feasible_bytes`` exact: the peak of the program Inductor
-    generates for the smallest-peak plan, plus the margin. Costs one more compile, unless
-    the plan is the smallest-peak plan already."""
+    """Make the last plan's ``min_feasible_bytes`` exact, the budget ``compile_fitted`` is
+    sure to accept: the lower compiled peak of the smallest-peak plan and the fastest plan,
+    plus the margin. Costs up to two more compiles."""
     plan = planner.plans[-1]
-    if plan.smallest:
-        return
-    planner.target, planner.settle_for_lowest = 0, True
+    unbudgeted = planner.options.budget_bytes is None  # then the plan is the fastest already
+    peaks = [plan.report.compiled_peak_bytes] if plan.smallest or unbudgeted else []
+    targets = ([] if plan.smallest else [SMALLEST]) + ([] if unbudgeted else [FASTEST])
     planned = len(planner.plans)
+    planner.settle_for_lowest = True
     try:
-        _, lowest, peak = compile_once(gm, example_inputs, planner, compile_graph)
+        for target in targets:
+            planner.target = target
+            peaks.append(compile_once(gm, example_inputs, planner, compile_graph)[2])
     finally:
         planner.target, planner.settle_for_lowest = None, False
         del planner.plans[planned:]
-    plan.report.min_feasible_bytes = peak + lowest.report.margin_bytes
+    plan.report.min_feasible_bytes = min(peaks) + plan.report.margin_bytes
     plan.report.min_feasible_exact = True
 
 

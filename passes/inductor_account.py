@@ -92,8 +92,11 @@ class Storages:
         self.refs: dict[int, int] = {}
         self.alive = 0
         self.next_id = 0
+        self.parts: dict[str, list[str]] = {}  # a tuple's name -> its elements' names ("buf5[0]", ...)
 
     def add(self, name: str, nbytes: int, *, counted: bool = True) -> None:
+        if "[" in name:
+            self.parts.setdefault(name.split("[", 1)[0], []).append(name)
         sid, self.next_id = self.next_id, self.next_id + 1
         self.size[sid] = nbytes if counted else 0
         self.refs[sid] = 0
@@ -110,6 +113,10 @@ class Storages:
             self.bind(new, self.of[old])
 
     def drop(self, name: str) -> None:
+        """Drop ``name``; for an extern kernel's tuple, its elements' names too
+        (``del buf5`` frees the tuple, and with it every element no other name holds)."""
+        for part in self.parts.pop(name, ()):
+            self.drop(part)
         sid = self.of.pop(name, None)
         if sid is None:
             return

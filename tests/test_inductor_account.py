@@ -79,8 +79,11 @@ def test_remat_under_inductor_fits_the_budget_by_its_compiled_account(name: str)
     measured = measured_peak(model, compiled, inputs)
     assert report.compiled_peak_bytes <= report.planned_budget_bytes
     assert measured <= report.budget_bytes
-    # the account misses only kernel scratch, which the margin holds back
-    assert measured <= report.compiled_peak_bytes + report.margin_bytes
+    # exact where no kernel has hidden scratch (SDPA's backward tuple freed with its name); the
+    # conv net's scratch is what the margin holds back
+    if name == "gpt":
+        assert report.recomputed and measured == report.compiled_peak_bytes
+    assert 0 <= measured - report.compiled_peak_bytes <= report.margin_bytes
 
 
 def test_the_smallest_feasible_budget_from_plan_is_accepted() -> None:
