@@ -108,7 +108,8 @@ def compile_once(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Pla
     with account.capture_programs() as programs:
         compiled = compile_graph(copy.deepcopy(gm), example_inputs, on_graph=planner.on_graph)
     plan = planner.plans[-1]
-    step = account.step_account(programs)
+    # extern kernels' scratch, measured by the profile, placed at the line each kernel runs
+    step = account.step_account(programs, {n.name: n.workspace for n in plan.report.nodes if n.workspace})
     if not step.complete:
         log.warning("remat: %s; the compiled peak is a lower bound", step.incomplete_reason)
         plan.report.notes.append(f"compiled account incomplete: {step.incomplete_reason}")

@@ -14,8 +14,11 @@ storage by storage gives what the compiled ``call()`` holds at each line:
 - ``ExternKernelAllocLine``: an extern kernel that allocates its own
   output(s) (every element of a tuple, at once), unless it wrote into a buffer
   allocated before or returns an alias of an input;
-- kernel calls allocate nothing visible: scratch inside an extern kernel
-  (cuBLAS, cuDNN, attention) is the one thing no line shows.
+- extern kernel calls (``ExternKernelOutLine`` and the allocating ones) hold
+  scratch no line shows (convolution, cuBLAS, cuDNN, attention workspaces):
+  the caller passes each FX node's measured workspace, held while it runs;
+- generated kernels allocate nothing.
+- CUDA sizes are rounded up to the caching allocator's 512-byte blocks.
 
 A forward and a backward combine into one step the way the budget counts it:
 the forward's inputs are held throughout; its outputs survive it (the values
@@ -28,7 +31,7 @@ memory-planning line makes the account incomplete, said in
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from . import torch_adapter as adapter
@@ -41,7 +44,8 @@ class Program:
     """One generated ``call()``: its inputs, memory events and outputs."""
 
     inputs: dict[str, int]  # name -> bytes
-    events: list[tuple] = field(default_factory=list)  # ("alloc", name, bytes) | ("alias", new, old) | ("drop", name)
+    # ("alloc", name, bytes) | ("alias", new, old) | ("drop", name) | ("scratch", origin node names)
+    events: list[tuple] = field(default_factory=list)
     outputs: list[str | None] = field(default_factory=list)  # storage-owning names, in output order
     unknown: list[str] = field(default_factory=list)  # line kinds the walk does not know
     fx_inputs: list[str] = field(default_factory=list)  # the FX graph's placeholder names, in order
@@ -67,6 +71,7 @@ def capture_programs() -> Iterator[list[Program]]:
 
 def walk(lowering: object) -> Program:
     """The memory events of one lowered graph's final wrapper lines."""
+    granularity = adapter.allocation_granularity(lowering)
     program = Program(inputs=adapter.graph_input_bytes(lowering),
                       fx_inputs=adapter.fx_placeholder_names(lowering),
                       fx_outputs=adapter.fx_output_names(lowering))
@@ -78,9 +83,15 @@ def walk(lowering: object) -> Program:
         if kind == "unknown":
             program.unknown.append(event)
         elif kind == "events":
-            program.events.extend(event)
+            program.events.extend(rounded(e, granularity) for e in event)
     program.outputs = adapter.graph_output_names(lowering)
     return program
+
+
+def rounded(event: tuple, granularity: int) -> tuple:
+    if event[0] != "alloc" or granularity == 1:
+        return event
+    return (event[0], event[1], -(-event[2] // granularity) * granularity)
 
 
 class Storages:
@@ -130,11 +141,16 @@ class Storages:
             self.refs[self.of[name]] += 1
 
 
-def run(program: Program, storages: Storages, held_inputs: set[str], label: str) -> tuple[int, str]:
-    """Walk ``program`` over ``storages``; (peak bytes, where). Inputs outside ``held_inputs``
-    must already be bound in ``storages`` (values the previous program handed over)."""
+def run(program: Program, storages: Storages, label: str, scratch: Callable[[tuple[str, ...]], int]) -> tuple[int, str]:
+    """Walk ``program`` over ``storages``; (peak bytes, where). Its inputs must already be
+    bound in ``storages``. ``scratch(origins)``: bytes an extern kernel holds while it runs."""
     peak, where = storages.alive, f"{label} start"
     for i, event in enumerate(program.events):
+        if event[0] == "scratch":
+            extra = scratch(event[1])
+            if storages.alive + extra > peak:
+                peak, where = storages.alive + extra, f"{label} line {i} (kernel scratch {extra} B)"
+            continue
         if event[0] == "alloc":
             storages.add(event[1], event[2])
         elif event[0] == "alias":
@@ -158,8 +174,16 @@ def returned(program: Program, storages: Storages) -> dict[str, int]:
     return by_fx
 
 
-def step_account(programs: list[Program]) -> StepAccount:
-    """Peak bytes of one forward + backward step of the captured programs."""
+def step_account(programs: list[Program], workspace: Mapping[str, int] | None = None) -> StepAccount:
+    """Peak bytes of one forward + backward step of the captured programs.
+
+    ``workspace``: scratch bytes measured per FX node (the profile's); an extern kernel's
+    scratch is the largest of the nodes it came from, held while it runs."""
+    workspace = workspace or {}
+
+    def scratch(origins: tuple[str, ...]) -> int:
+        return max((workspace.get(name, 0) for name in origins), default=0)
+
     if len(programs) != 2:
         raise RuntimeError(f"expected one forward and one backward program from Inductor, saw {len(programs)}: "
                            "a cache hit skips code generation (remat turns the caches off while it compiles)")
@@ -168,7 +192,7 @@ def step_account(programs: list[Program]) -> StepAccount:
     for name, nbytes in forward.inputs.items():
         storages.add(name, nbytes)
         storages.pin(name)  # the caller holds parameters, buffers and the batch
-    fwd_peak, fwd_where = run(forward, storages, set(forward.inputs), "forward")
+    fwd_peak, fwd_where = run(forward, storages, "forward", scratch)
     handed = returned(forward, storages)
     for name in list(forward.inputs):
         storages.drop(name)  # the pins above hold them; forward's names are out of scope
@@ -179,7 +203,7 @@ def step_account(programs: list[Program]) -> StepAccount:
         else:  # a tangent: held by autograd to the end of the step
             storages.add(name, backward.inputs[name])
             storages.pin(name)
-    bwd_peak, bwd_where = run(backward, storages, set(), "backward")
+    bwd_peak, bwd_where = run(backward, storages, "backward", scratch)
     peak, where = max((fwd_peak, fwd_where), (bwd_peak, bwd_where))
     unknown = sorted(set(forward.unknown + backward.unknown))
     reason = f"unknown wrapper line kinds {unknown}" if unknown else ""

@@ -433,12 +433,27 @@ def memory_event(line: Any) -> tuple[str, Any]:
     if name == "NullLine":
         return "none", None
     if name == "ExternKernelAllocLine":
-        return "events", _extern_alloc(lowering, line.node)
+        return "events", [*_extern_alloc(lowering, line.node), _scratch(line.node)]
+    if name in ("ExternKernelOutLine", "ExternKernelMultiOutLine"):
+        return "events", [_scratch(line.node)]
     if name == "MultiOutputLine":
         return "events", [("alias", line.result_name, f"{line.arg_name}{_index_suffix(line.indices)}")]
     if isinstance(line, _SILENT_LINES):
         return "none", None
     return "unknown", name
+
+
+def _scratch(node: Any) -> tuple:
+    """Where an extern kernel runs: its scratch, which no line shows, is live there alone.
+    Named by the FX nodes it came from (the profile measured their workspace)."""
+    origins = getattr(node, "origins", None) or ()
+    return ("scratch", tuple(sorted(o.name for o in origins if hasattr(o, "name"))))
+
+
+def allocation_granularity(lowering: Any) -> int:
+    """Bytes each allocation is rounded up to: the CUDA caching allocator's 512-byte blocks
+    (``max_memory_allocated`` counts them), exact sizes elsewhere."""
+    return 512 if "cuda" in getattr(lowering, "device_types", ()) else 1
 
 
 def _index_suffix(indices: Any) -> str:

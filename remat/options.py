@@ -29,10 +29,10 @@ class Options:
     - ``compiler``: "inductor" (default) or "eager" (run the partitioned
       graphs op by op: no fusion, for debugging).
     - ``headroom``: a fraction of the budget to hold back; ``None`` (default)
-      holds back only what no account sees: nothing for "eager", whose graphs
-      the model predicts to the byte, and under "inductor", whose generated
-      program remat accounts for line by line, the largest scratch memory
-      measured inside any one op (see the README, Headroom).
+      holds back nothing: op by op ("eager") the model predicts the step to
+      the byte, and under "inductor" remat accounts for the program Inductor
+      generated, line by line, each extern kernel's measured scratch at the
+      line it runs (see the README, Headroom).
     - ``plan_cache``: ``True`` (default) keeps plans on disk, so a graph
       compiled again skips the solve; a folder path keeps them there;
       ``False`` turns it off (see ``remat.passes.plan_cache``).

@@ -35,6 +35,7 @@ class NodeRow:
     reason: str
     category: str = ""  # matmul | attention | pointwise | reduction | view | random | ...
     added_seconds: float = 0.0  # what this decision adds to the step (recompute, or keep when fused)
+    workspace: int = 0  # scratch bytes the op holds while it runs, beyond its inputs and outputs
 
 
 @dataclass(repr=False)
@@ -315,10 +316,11 @@ def recomputed_reason(v: Value, context: Context) -> str:
 
 def node_rows(problem: Problem, solution: Solution) -> list[NodeRow]:
     context = Context.of(problem, solution)
+    scratch = dict(zip(problem.step_names, problem.workspace))
     rows = []
     for v in problem.values:
         decision, reason = decision_of(v, solution, context)
         added = v.recompute_seconds if decision == "recomputed" else v.save_seconds if decision == "kept" else 0.0
         rows.append(NodeRow(v.name, v.op, v.bytes, v.flops, v.seconds, decision, reason,
-                            op_category(v, context.by_name), added))
+                            op_category(v, context.by_name), added, scratch.get(v.name, 0)))
     return rows

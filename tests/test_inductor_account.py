@@ -79,11 +79,11 @@ def test_remat_under_inductor_fits_the_budget_by_its_compiled_account(name: str)
     measured = measured_peak(model, compiled, inputs)
     assert report.compiled_peak_bytes <= report.planned_budget_bytes
     assert measured <= report.budget_bytes
-    # exact where no kernel has hidden scratch (SDPA's backward tuple freed with its name); the
-    # conv net's scratch is what the margin holds back
+    # exact on the transformer (SDPA's backward tuple freed with its name); on the conv net the
+    # account holds each convolution's scratch as measured alone, more than the step allocates
     if name == "gpt":
         assert report.recomputed and measured == report.compiled_peak_bytes
-    assert 0 <= measured - report.compiled_peak_bytes <= report.margin_bytes
+    assert measured <= report.compiled_peak_bytes
 
 
 def test_the_smallest_feasible_budget_from_plan_is_accepted() -> None:
@@ -93,3 +93,42 @@ def test_the_smallest_feasible_budget_from_plan_is_accepted() -> None:
     compiled = remat.compile(model, budget_gb=top.min_feasible_bytes / GIB, plan_cache=False)
     compiled(*inputs).backward()
     assert measured_peak(model, compiled, inputs) <= remat.reports(compiled)[0].budget_bytes
+
+
+def program(inputs: dict[str, int], events: list[tuple], outputs: list[str], fx_inputs=None, fx_outputs=None):
+    return account.Program(inputs=inputs, events=events, outputs=outputs,
+                           fx_inputs=list(fx_inputs if fx_inputs is not None else inputs),
+                           fx_outputs=list(fx_outputs if fx_outputs is not None else outputs))
+
+
+def test_a_saved_value_lives_until_the_backward_frees_it() -> None:
+    forward = program({"w": 100}, [("alloc", "buf0", 10), ("alloc", "buf1", 1000), ("alloc", "buf2", 1),
+                                   ("drop", "buf1")], ["buf2", "buf0"], fx_outputs=["loss", "saved"])
+    backward = program({"saved": 10, "tangents_1": 1}, [("alloc", "buf0", 2000), ("drop", "saved"),
+                                                        ("alloc", "buf1", 15)], ["buf0"])
+    step = account.step_account([forward, backward])
+    # backward starts with w 100, saved 10, loss 1, tangent 1; freeing saved makes room for buf1:
+    # 112 + 2000 - 10 + 15 = 2117 (2127 if the saved value were held to the end)
+    assert step.peak_bytes == 2117 and step.peak_at == "backward line 2"
+
+
+def test_an_extern_kernels_tuple_is_freed_with_its_name() -> None:
+    forward = program({"x": 8}, [("alloc", "buf3[0]", 100), ("alloc", "buf3[1]", 200),
+                                 ("alias", "buf4", "buf3[0]"), ("drop", "buf3"), ("alloc", "buf5", 250)],
+                      ["buf4"], fx_outputs=["loss"])
+    backward = program({"tangents_1": 1}, [], [])
+    # after ``del buf3`` only buf4 (element 0) holds memory: 8 + 100 + 250 (558 if element 1 were held)
+    assert account.step_account([forward, backward]).peak_bytes == 8 + 100 + 250
+
+
+def test_extern_kernel_scratch_counts_only_while_it_runs() -> None:
+    forward = program({"x": 8}, [("alloc", "buf0", 100), ("scratch", ("convolution",)), ("drop", "buf0"),
+                                 ("alloc", "buf1", 1)], ["buf1"], fx_outputs=["loss"])
+    backward = program({"tangents_1": 1}, [], [])
+    assert account.step_account([forward, backward], {"convolution": 500}).peak_bytes == 8 + 100 + 500
+    assert account.step_account([forward, backward]).peak_bytes == 8 + 100
+
+
+def test_cuda_allocations_round_up_to_512_bytes() -> None:
+    assert account.rounded(("alloc", "buf0", 513), 512) == ("alloc", "buf0", 1024)
+    assert account.rounded(("alloc", "buf0", 513), 1) == ("alloc", "buf0", 513)
