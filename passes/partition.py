@@ -22,7 +22,7 @@ from remat.budget import infeasible, min_budget_bytes
 from remat.errors import BudgetError, PlanError, format_bytes
 from remat.options import Options
 from remat.report import Report, attach_timelines, node_rows
-from remat.solvers.problem import Problem
+from remat.solvers.problem import Kind, Problem
 from remat.solvers.solution import Solution, Status
 
 from . import plan_cache
@@ -346,6 +346,7 @@ def make_report(problem: Problem, plan: Solution, store_all: Solution, lowest: S
         planned_budget_bytes=planning_target(problem, options),
         headroom=options.headroom or 0.0,
         margin_bytes=margin,
+        input_bytes=sum(v.bytes for v in problem.values if v.kind is Kind.INPUT),
         min_feasible_exact=options.compiler == "eager",
         store_all_peak_bytes=store_all.peak_bytes,
         predicted_overhead_seconds=plan.added_seconds - store_all.added_seconds,

@@ -291,8 +291,12 @@ def mutated_inputs(graph: fx.Graph) -> set[str]:
     (buffers written in the forward), read from AOTAutograd's output descriptors."""
     placeholders = {repr(n.meta.get("desc")): n.name for n in graph.find_nodes(op="placeholder")}
     descs = graph.find_nodes(op="output")[0].meta.get("desc") or []
-    return {placeholders[repr(d.mutated_input)] for d in descs
-            if type(d).__name__ == "InputMutationAOTOutput" and repr(d.mutated_input) in placeholders}
+    returned = {placeholders[repr(d.mutated_input)] for d in descs
+                if type(d).__name__ == "InputMutationAOTOutput" and repr(d.mutated_input) in placeholders}
+    # Inductor keeps input mutations in the graph (keep_input_mutations): a copy_ into the placeholder
+    in_graph = {n.args[0].name for n in graph.find_nodes(op="call_function", target=torch.ops.aten.copy_.default)
+                if isinstance(n.args[0], fx.Node) and n.args[0].op == "placeholder"}
+    return returned | in_graph
 
 
 # --- Inductor's generated program (passes/inductor_account.py) -------------

@@ -56,6 +56,7 @@ class Report:
     headroom: float = 0.0  # the fraction held back, when the user set one
     margin_bytes: int = 0  # held back for scratch no account sees (Inductor, default)
     compiled_peak_bytes: int | None = None  # what the program Inductor generated peaks at
+    input_bytes: int = 0  # the graph's inputs (parameters, buffers, batch) the budget counts as held
     compile_attempts: int = 0  # plans compiled to fit the budget (Inductor)
     # min_feasible_bytes is the program's (Inductor: the smallest-peak plan compiled) or the model's
     min_feasible_exact: bool = False

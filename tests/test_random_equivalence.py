@@ -117,6 +117,16 @@ def test_values_read_from_a_buffer_the_forward_updates_are_not_recomputed() -> N
     assert not regression(25, 0.0, blocks=("buffer", "mlp", "act"), batch=8, tokens=16, dropout=0.1)
 
 
+def test_buffers_inductor_updates_in_its_graph_are_never_read_by_a_recomputation() -> None:
+    """case-10021: under Inductor the forward's buffer updates stay in the joint graph as
+    ``copy_`` nodes (no output descriptor marks them), so ``ema * 0.9`` was recomputed in
+    the backward from the updated buffer and gradients were 1 % off eager's."""
+    case = Case(10021, spec(family="conv", blocks=("batchnorm", "conv", "buffer", "conv"), batch=4, tokens=8,
+                            width=8, heads=1, dropout=0.5, act="gelu", inplace="mul_"), "inductor", "measure", 0.0)
+    outcome = run(case)
+    assert not outcome.problems and outcome.recomputed > 0
+
+
 def test_batch_norm_runs_decomposed_like_inductor() -> None:
     """case-143 (and 16 more with batch norm or bf16 autocast): op by op, the
     aten batch-norm kernel returned other strides than traced; copying its
