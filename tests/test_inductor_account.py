@@ -66,7 +66,7 @@ def test_a_capture_that_sees_no_program_fails_loudly() -> None:
         account.step_account(programs)
 
 
-@pytest.mark.parametrize("name", ["gpt", "convnet"])
+@pytest.mark.parametrize("name", ["gpt", "gpt-softmax", "llama", "convnet"])
 def test_remat_under_inductor_fits_the_budget_by_its_compiled_account(name: str) -> None:
     model, inputs = zoo.build(name, **SIZES[name])
     top = remat.plan(model, *inputs, plan_cache=False)
@@ -81,8 +81,9 @@ def test_remat_under_inductor_fits_the_budget_by_its_compiled_account(name: str)
     assert measured <= report.budget_bytes
     # exact on the transformer (SDPA's backward tuple freed with its name); on the conv net the
     # account holds each convolution's scratch as measured alone, more than the step allocates
-    if name == "gpt":
-        assert report.recomputed and measured == report.compiled_peak_bytes
+    assert name != "gpt" or report.recomputed  # the backward recomputes: the case the tuple rule fixed
+    if name != "convnet":
+        assert measured == report.compiled_peak_bytes
     assert measured <= report.compiled_peak_bytes
 
 
