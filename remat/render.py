@@ -121,7 +121,10 @@ def memory_rows(report: Report) -> list[tuple[str, str]]:
         budget += f"; plan fits {fb(report.planned_budget_bytes)} ({report.headroom:.0%} headroom)"
     out = [("budget", budget), ("predicted peak", fb(report.predicted_peak_bytes)),
            ("store-all peak", fb(report.store_all_peak_bytes)),
-           ("smallest feasible budget", fb(report.min_feasible_bytes))]
+           ("smallest feasible budget", fb(report.min_feasible_bytes)
+            + ("" if report.min_feasible_exact else " (the model's estimate)"))]
+    if report.compiled_peak_bytes is not None:
+        out.insert(2, ("compiled program's peak (Inductor)", fb(report.compiled_peak_bytes)))
     if report.min_cut_peak_bytes is not None:
         out.append(("torch min-cut peak", fb(report.min_cut_peak_bytes)))
     if report.realized_peak_bytes is not None:

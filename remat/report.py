@@ -148,8 +148,12 @@ class Report:
             + (f" (plan fits {gib(self.planned_budget_bytes)}, {self.headroom:.0%} headroom)" if self.headroom and self.budget_bytes else ""),
             f"predicted peak         {gib(self.predicted_peak_bytes)}",
             f"store-all peak         {gib(self.store_all_peak_bytes)}",
-            f"smallest feasible      {gib(self.min_feasible_bytes)} (budget)",
+            f"smallest feasible      {gib(self.min_feasible_bytes)} (budget"
+            + ("" if self.min_feasible_exact else "; the model's estimate: remat.plan compiles it exactly") + ")",
         ]
+        if self.compiled_peak_bytes is not None:
+            lines.insert(2, f"compiled program peak  {gib(self.compiled_peak_bytes)} "
+                            f"(Inductor's, {self.compile_attempts} plan(s) compiled)")
         if self.min_cut_peak_bytes is not None:
             lines.append(f"torch min-cut peak     {gib(self.min_cut_peak_bytes)}")
         if self.measured_peak_bytes is not None:
