@@ -105,11 +105,11 @@ class Storages:
         self.next_id = 0
         self.parts: dict[str, list[str]] = {}  # a tuple's name -> its elements' names ("buf5[0]", ...)
 
-    def add(self, name: str, nbytes: int, *, counted: bool = True) -> None:
+    def add(self, name: str, nbytes: int) -> None:
         if "[" in name:
             self.parts.setdefault(name.split("[", 1)[0], []).append(name)
         sid, self.next_id = self.next_id, self.next_id + 1
-        self.size[sid] = nbytes if counted else 0
+        self.size[sid] = nbytes
         self.refs[sid] = 0
         self.alive += self.size[sid]
         self.bind(name, sid)
