@@ -21,6 +21,8 @@ from .backends import Outcome, run_backend
 from .baselines import greedy, recompute_all, store_all
 from .errors import Infeasible, InvalidPlan, NoPlanFound
 from .model import (
+    Interval,
+    Starts,
     candidate_users,
     clip,
     exact_starts,
@@ -29,10 +31,11 @@ from .model import (
     recomputable,
     recompute_interval,
     running_sum,
-    start_options,
+    start_segments,
     workspace,
 )
 from .problem import Problem, Value
+from .rounding import rounded_plans
 from .simulate import canonical, evaluate, timeline
 from .solution import Solution, Status
 
@@ -76,14 +79,16 @@ class Model:
     prob: pulp.LpProblem
     candidates: tuple[Value, ...]  # PuLP index i -> value
     S: dict[str, pulp.LpVariable]
-    R: dict[str, list[tuple[int, pulp.LpVariable]]]  # (start step, R_v at that start) per option
+    R: dict[str, pulp.LpVariable]
+    L: dict[str, list[pulp.LpVariable]]  # per segment of starts[name]: alive there, before the read
+    starts: dict[str, Starts]
     M: list[pulp.LpVariable]
     P: pulp.LpVariable
     scales: Scales
     objective: Objective = "time"
 
 
-def scales_for(problem: Problem, options: dict[str, tuple[int, ...]]) -> Scales:
+def scales_for(problem: Problem, starts: dict[str, Starts]) -> Scales:
     """tau = TIE_BREAK times the cheapest nonzero cost (floored so that costs
     span at most 4 decades); a memory unit so that the peak bound is about a
     million units."""
@@ -91,22 +96,23 @@ def scales_for(problem: Problem, options: dict[str, tuple[int, ...]]) -> Scales:
     cheapest = max(min(costs), max(costs) * _COST_SPAN) if costs else 1.0
     tau = TIE_BREAK * cheapest
     names = [v.name for v in problem.candidates()]
-    earliest = {name: starts[0] for name, starts in options.items()}
+    earliest = {name: s.earliest for name, s in starts.items() if s.earliest is not None}
     cap = max(timeline(problem, names, names, earliest), default=0)
     return Scales(seconds=tau, bytes=max(1.0, cap / _MEM_STEPS), peak_cap=max(cap, 1))
 
 
 def add_variables(problem: Problem, budget_bytes: int | None, scales: Scales,
-                  options: dict[str, tuple[int, ...]]) -> Model:
-    """S_v / R_v,k binaries for candidates (omitted where forced to 0), M_t, P.
-
-    R_v,k recomputes v with its interval starting at its k-th start option.
-    """
+                  starts: dict[str, Starts]) -> Model:
+    """S_v / R_v binaries for candidates (omitted where forced to 0), the
+    continuous L_v,k in [0, 1] (v recomputed and alive in its k-th segment
+    before its read), M_t, P."""
     prob = pulp.LpProblem("remat", pulp.LpMinimize)
     candidates = problem.candidates()
     may_recompute = recomputable(problem)
     S = {v.name: _binary(prob, f"S_{i}") for i, v in enumerate(candidates) if v.savable}
-    R = {v.name: [(t, _binary(prob, f"R_{i}_{k}")) for k, t in enumerate(options[v.name])]
+    R = {v.name: _binary(prob, f"R_{i}") for i, v in enumerate(candidates) if v.name in may_recompute}
+    L = {v.name: [prob.add_variable(f"L_{i}_{k}", lowBound=0, upBound=1)
+                  for k in range(len(starts[v.name].bounds))]
          for i, v in enumerate(candidates) if v.name in may_recompute}
     M = [prob.add_variable(f"M_{t}", lowBound=0) for t in range(problem.num_steps)]
     # P is the peak as a fraction of peak_cap: its cost in the objective stays
@@ -117,7 +123,7 @@ def add_variables(problem: Problem, budget_bytes: int | None, scales: Scales,
     # budgets met with equality infeasible).
     cap = None if budget_bytes is None else (budget_bytes + 0.5) / scales.peak_cap
     P = prob.add_variable("P", lowBound=0, upBound=cap)
-    return Model(prob, candidates, S, R, M, P, scales)
+    return Model(prob, candidates, S, R, L, starts, M, P, scales)
 
 
 def _binary(prob: pulp.LpProblem, name: str) -> pulp.LpVariable:
@@ -134,27 +140,48 @@ def add_constraints(model: Model, problem: Problem) -> None:
 
 def _add_decision_rows(model: Model) -> None:
     for i, v in enumerate(model.candidates):
-        s, options = model.S.get(v.name), model.R.get(v.name, [])
-        choices = ([s] if s is not None else []) + [r for _, r in options]
+        s, r = model.S.get(v.name), model.R.get(v.name)
+        choices = [x for x in (s, r) if x is not None]
         if v.direct_need and not choices:
             raise InvalidPlan(f"{v.name} is needed but can be neither kept nor recomputed")
         if v.direct_need:
             model.prob += pulp.lpSum(choices) == 1, f"need_{i}"
         elif len(choices) >= 2:
             model.prob += pulp.lpSum(choices) <= 1, f"keep_or_recompute_{i}"
-        for k, (start, r) in enumerate(options):
-            for j, u in enumerate(v.operands):
-                model.prob += r - pulp.lpSum(_ready_by(model, u, start)) <= 0, f"operand_{i}_{k}_{j}"
+        if r is not None:
+            _add_start_rows(model, i, v, r)
         for j, u in enumerate(v.keep_operands):
             kept = [model.S[u]] if u in model.S else []
-            model.prob += pulp.lpSum(r for _, r in options) - pulp.lpSum(kept) <= 0, f"keep_operand_{i}_{j}"
+            model.prob += r - pulp.lpSum(kept) <= 0, f"keep_operand_{i}_{j}"
 
 
-def _ready_by(model: Model, name: str, step: int) -> list[pulp.LpVariable]:
+def _add_start_rows(model: Model, i: int, v: Value, r: pulp.LpVariable) -> None:
+    """Alive in a segment means alive in every later one and recomputed
+    (``started``); wherever v starts, each operand is ready (``operand``)."""
+    alive, starts = model.L[v.name], model.starts[v.name]
+    for k, x in enumerate(alive):
+        later = alive[k + 1] if k + 1 < len(alive) else r
+        model.prob += x - later <= 0, f"started_{i}_{k}"
+    begins = [(b, x) for b, x in zip(starts.bounds, alive)]
+    if starts.read is not None:
+        begins.append((starts.read, r))
+    for k, (step, x) in enumerate(begins):
+        for j, u in enumerate(v.operands):
+            model.prob += x - pulp.lpSum(_ready_at(model, u, step)) <= 0, f"operand_{i}_{k}_{j}"
+
+
+def _ready_at(model: Model, name: str, step: int) -> list[pulp.LpVariable]:
     """The decisions that have ``name`` in memory at ``step``: kept, or
-    recomputed with a start at or before it."""
+    recomputed and alive there (from its read on, or in the segment holding
+    ``step``). With none, the operand must be kept."""
     kept = [model.S[name]] if name in model.S else []
-    return kept + [r for start, r in model.R.get(name, []) if start <= step]
+    if name not in model.R:
+        return kept
+    starts = model.starts[name]
+    if starts.read is not None and step >= starts.read:
+        return kept + [model.R[name]]
+    k = starts.segment_at(step)
+    return kept + ([model.L[name][k]] if k is not None else [])
 
 
 def _add_memory_rows(model: Model, problem: Problem, fixed: list[int]) -> list[bool]:
@@ -169,7 +196,7 @@ def _add_memory_rows(model: Model, problem: Problem, fixed: list[int]) -> list[b
     starts = [False] * T
     for v in model.candidates:
         decisions = [(model.S.get(v.name), keep_interval(v), v.bytes)]
-        decisions += [(r, recompute_interval(v, start), v.held_when_recomputed) for start, r in model.R.get(v.name, [])]
+        decisions += [(x, span, v.held_when_recomputed) for x, span in _recompute_spans(model, v)]
         for var, interval, nbytes in decisions:
             span = clip(interval, T)
             if var is None or span is None or nbytes == 0:
@@ -182,6 +209,19 @@ def _add_memory_rows(model: Model, problem: Problem, fixed: list[int]) -> list[b
         links = [(model.M[t], 1.0)] + ([(model.M[t - 1], -1.0)] if t else [])
         model.prob += pulp.LpAffineExpression(links + terms[t]) == fixed[t] / unit, f"memory_{t}"
     return starts
+
+
+def _recompute_spans(model: Model, v: Value) -> list[tuple[pulp.LpVariable, Interval | None]]:
+    """R_v over its interval from the read; each L_v,k over its segment, both
+    within ``recompute_interval`` (not counted where ``A_v`` already is)."""
+    if v.name not in model.R:
+        return []
+    starts, end = model.starts[v.name], v.need_end if v.need_end is not None else v.need_start
+    spans = [(model.R[v.name], recompute_interval(v, starts.read) if starts.read is not None else None)]
+    for x, (first, last) in zip(model.L[v.name], starts.segments(end)):
+        whole = recompute_interval(v, first)
+        spans.append((x, None if whole is None else (max(first, whole[0]), min(last, whole[1]))))
+    return spans
 
 
 def _add_peak_rows(model: Model, problem: Problem, fixed: list[int], starts: list[bool]) -> None:
@@ -207,7 +247,7 @@ def add_objective(model: Model, objective: Objective) -> None:
     """
     model.objective = objective
     scales = model.scales
-    cost = [(r, v.recompute_seconds) for v in model.candidates for _, r in model.R.get(v.name, [])]
+    cost = [(model.R[v.name], v.recompute_seconds) for v in model.candidates if v.name in model.R]
     cost += [(model.S[v.name], v.save_seconds) for v in model.candidates if v.name in model.S]
     cost = [(x, c) for x, c in cost if c > 0]
     if objective == "peak":
@@ -221,8 +261,8 @@ def add_objective(model: Model, objective: Objective) -> None:
 
 def build_model(problem: Problem, budget_bytes: int | None, objective: Objective = "time") -> Model:
     """The whole program for ``problem``; ``budget_bytes`` None is no budget."""
-    options = start_options(problem)  # one pass over the graph serves the scales and the variables
-    model = add_variables(problem, budget_bytes, scales_for(problem, options), options)
+    starts = start_segments(problem)  # one pass over the graph serves the scales and the variables
+    model = add_variables(problem, budget_bytes, scales_for(problem, starts), starts)
     add_constraints(model, problem)
     add_objective(model, objective)
     return model
@@ -251,12 +291,13 @@ def solve_ilp(
     _check_fixed_fits(problem, budget_bytes)
     if not problem.candidates():  # nothing to decide: the check above settled it
         return evaluate(problem, (), solver=_name(config), status=Status.OPTIMAL)
-    seed = _seed(problem, budget_bytes, objective)
     model = build_model(problem, budget_bytes, objective)
+    seed = _seed(problem, budget_bytes, objective, model, config)
     if seed is not None:
         _warm_start(model, problem, seed)
     log.debug("ilp: %d columns, %d rows", len(model.prob.variables()), len(model.prob.constraints()))
-    outcome = run_backend(model.prob, config)
+    left = max(config.time_limit_s - (time.perf_counter() - start), 1.0)
+    outcome = run_backend(model.prob, replace(config, time_limit_s=left))
     plan = _read_plan(model, problem, budget_bytes, config, outcome, seed)
     return replace(plan, solve_seconds=time.perf_counter() - start)
 
@@ -285,16 +326,19 @@ def _check_fixed_fits(problem: Problem, budget_bytes: int | None) -> None:
         )
 
 
-def _seed(problem: Problem, budget_bytes: int | None, objective: Objective) -> Solution | None:
-    """A cheap valid plan: the first of store-all, greedy, recompute-all that
-    fits (for "peak", the lowest). Raises InvalidPlan if none is valid."""
+def _seed(problem: Problem, budget_bytes: int | None, objective: Objective, model: Model,
+          config: ILPConfig) -> Solution | None:
+    """A cheap valid plan: store-all if it fits; else the best that fits of
+    greedy, recompute-all and the relaxation's roundings (for "peak", the
+    lowest). Raises InvalidPlan if none is valid."""
     plans = [store_all(problem)]
     if objective == "time" and _fits(plans[0], budget_bytes):
         return plans[0]
     plans += [greedy(problem, 0 if budget_bytes is None else budget_bytes), recompute_all(problem)]
+    plans += rounded_plans(model, problem, config)
     if objective == "peak":
         return min(plans, key=lambda p: (p.peak_bytes, p.added_seconds))
-    return next((p for p in plans if _fits(p, budget_bytes)), None)
+    return min((p for p in plans if _fits(p, budget_bytes)), key=lambda p: p.added_seconds, default=None)
 
 
 def _fits(plan: Solution, budget_bytes: int | None) -> bool:
@@ -311,26 +355,32 @@ def _warm_start(model: Model, problem: Problem, seed: Solution) -> None:
         return
     for name, var in model.S.items():
         var.setInitialValue(1 if name in seed.saved else 0)
-    for name, options in model.R.items():
-        for start, var in options:
-            var.setInitialValue(1 if chosen.get(name) == start else 0)
+    for name, var in model.R.items():
+        var.setInitialValue(1 if name in seed.recomputed else 0)
+        first = chosen.get(name)
+        for bound, x in zip(model.starts[name].bounds, model.L[name]):
+            x.setInitialValue(1 if first is not None and bound >= first else 0)
     for var, total, w in zip(model.M, line, workspace(problem)):
         var.setInitialValue((total - w) / model.scales.bytes)
     model.P.setInitialValue(max(line, default=0) / model.scales.peak_cap)
 
 
 def _seed_starts(model: Model, problem: Problem, seed: Solution) -> dict[str, int]:
-    """For each value the seed recomputes, the latest start option that is
-    no later than its exact start and the chosen start of any recomputed user."""
+    """For each value the seed recomputes, the start the program can express:
+    the segment bound (or read) at or before its exact start and the chosen
+    start of every recomputed user, so that operands stay ready."""
     exact, users = exact_starts(problem, seed.recomputed), candidate_users(problem)
     chosen: dict[str, int] = {}
     for v in reversed(model.candidates):
         if v.name not in exact or v.name not in model.R:
             continue
         limit = min([exact[v.name], *(chosen[w] for w in users[v.name] if w in chosen)])
-        fitting = [start for start, _ in model.R[v.name] if start <= limit]
-        if fitting:
-            chosen[v.name] = fitting[-1]
+        starts = model.starts[v.name]
+        k = starts.segment_at(limit)
+        if starts.read is not None and limit >= starts.read:
+            chosen[v.name] = starts.read
+        elif k is not None:
+            chosen[v.name] = starts.bounds[k]
     return chosen
 
 

@@ -15,8 +15,8 @@ For a candidate ``v`` (a FORWARD value the backward may need):
   counted once at a step however many of its intervals cover it.
   ``start`` is where the plan first needs ``v`` (``exact_starts``): torch
   recomputes a value just before its first consumer in the backward, which
-  is its own first direct read or the recomputation of a user. The ILP picks
-  ``start`` among a few ``start_options``; ``need_start`` bounds them all.
+  is its own first direct read or the recomputation of a user. The ILP tracks
+  ``start`` exactly through ``start_segments``; ``need_start`` bounds them all.
 
 Every other value has only its fixed interval: INPUTs the whole run,
 BACKWARD and non-candidate FORWARD values ``[produced, last_use]``.
@@ -24,17 +24,46 @@ BACKWARD and non-candidate FORWARD values ``[produced, last_use]``.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Collection, Iterable
+from dataclasses import dataclass
 
 from .problem import Kind, Problem, Value
 
 Interval = tuple[int, int]
-# Start steps the ILP may choose from per recomputed value: the earliest, so that
-# every user's start has an operand start at or before it, and the latest others.
-# More options come closer to exact starts but make the program harder: on a
-# 4-layer GPT-style graph the smallest peak was 46.7 MiB with 2 options (0.7 s),
-# 43.2 MiB with 3 (7 s) and 39.7 MiB with 4 (time limit); see FORMULATION.md.
-MAX_START_OPTIONS = 2
+# Start steps the program distinguishes per recomputed value before its own
+# first read. Every distinct start a chain of recomputed users can give it is a
+# segment boundary; beyond this many, the earliest ones merge into one segment
+# that counts the value from the earliest boundary (an over-count, never an
+# under-count). See FORMULATION.md for the measurements behind the number.
+MAX_SEGMENTS = 16
+
+
+@dataclass(frozen=True)
+class Starts:
+    """Where a recomputed candidate's memory may begin (``start_segments``).
+
+    ``read`` is its first direct read (``None`` when only recomputed users
+    read it): recomputed, it is alive from there to ``need_end``. ``bounds``
+    are the ascending steps before ``read`` where a recomputed user may need it
+    first; segment ``k`` runs from ``bounds[k]`` to the step before the next
+    bound (the last one to ``read - 1``, or to ``need_end`` without a read).
+    """
+
+    read: int | None
+    bounds: tuple[int, ...]
+
+    def segments(self, need_end: int) -> list[Interval]:
+        ends = [b - 1 for b in self.bounds[1:]] + [need_end if self.read is None else self.read - 1]
+        return list(zip(self.bounds, ends))
+
+    def segment_at(self, step: int) -> int | None:
+        """The index of the segment holding ``step``; None before the first."""
+        return bisect.bisect_right(self.bounds, step) - 1 if self.bounds and step >= self.bounds[0] else None
+
+    @property
+    def earliest(self) -> int | None:
+        return self.bounds[0] if self.bounds else self.read
 
 
 def fixed_interval(value: Value, num_steps: int) -> Interval:
@@ -185,24 +214,30 @@ def exact_starts(problem: Problem, recomputed: Collection[str]) -> dict[str, int
     return starts
 
 
-def start_options(problem: Problem) -> dict[str, tuple[int, ...]]:
-    """The steps the ILP may choose as a recomputed value's start, ascending.
+def start_segments(problem: Problem, max_segments: int = MAX_SEGMENTS) -> dict[str, Starts]:
+    """For every candidate, the steps the program distinguishes as its start.
 
-    Every start a user may take that falls before the value's own first
-    read, and that read; pruned to the earliest and the latest others, at
-    most ``MAX_START_OPTIONS``.
+    A value is first needed at its own first read or at the start of a
+    recomputed user, so its possible starts before that read are the user's
+    possible starts; one pass in reverse production order collects them. Only
+    the latest ``max_segments - 1`` stay exact: the earlier ones come from long
+    chains of users recomputed before their own reads, rarely worth their memory.
     """
-    users, options = candidate_users(problem), {}
+    users, found, may_recompute = candidate_users(problem), {}, recomputable(problem)
     for v in reversed(problem.candidates()):
-        first = direct_start(v)
-        starts = {first} if first is not None else set()
-        for w in users[v.name]:
-            starts.update(t for t in options.get(w, ()) if first is None or t < first)
-        # The latest starts: an earlier one comes from a long chain of users
-        # recomputed before their own reads, rarely worth its memory. A user
-        # start with no operand option at or before it means: keep the operand.
-        ordered = sorted(starts) or [v.need_start]
-        if len(ordered) > MAX_START_OPTIONS:
-            ordered = ordered[:1] + ordered[1 - MAX_START_OPTIONS:]
-        options[v.name] = tuple(ordered)
-    return options
+        read = direct_start(v)
+        starters = [w for w in users[v.name] if w in may_recompute]  # a kept user starts nothing
+        bounds = {t for w in starters for t in _starts_of(found.get(w)) if read is None or t < read}
+        ordered = sorted(bounds)
+        if read is None and not ordered:
+            ordered = [v.need_start]
+        if len(ordered) > max_segments:  # the earliest, so every user start has a segment, and the latest
+            ordered = ordered[:1] + ordered[len(ordered) - max_segments + 1:]
+        found[v.name] = Starts(read, tuple(ordered))
+    return found
+
+
+def _starts_of(starts: Starts | None) -> tuple[int, ...]:
+    if starts is None:
+        return ()
+    return starts.bounds + ((starts.read,) if starts.read is not None else ())

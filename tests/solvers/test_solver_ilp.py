@@ -22,7 +22,8 @@ from remat.solvers import (
 )
 from remat.solvers import ilp
 from remat.solvers.backends import Outcome
-from remat.solvers.testing import brute_force, random_problem
+from remat.solvers.model import start_segments
+from remat.solvers.testing import Node, brute_force, build_problem, random_problem
 
 BACKENDS = ["highs", "cbc"]
 EXACT = ILPConfig(mip_gap=1e-9)  # brute-force comparisons want the true optimum
@@ -187,7 +188,7 @@ def test_a_wrong_infeasible_claim_returns_the_seed(
 
 def test_no_seed_and_no_solution_raises(branch: Problem, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ilp, "run_backend", lambda prob, config: Outcome(None, reason="time limit"))
-    monkeypatch.setattr(ilp, "_seed", lambda problem, budget, objective: None)
+    monkeypatch.setattr(ilp, "_seed", lambda *args: None)
     with pytest.raises(NoPlanFound, match="time limit"):
         solve_ilp(branch, 350)
 
@@ -220,3 +221,54 @@ def test_units_do_not_change_the_plan(nbytes: int, seconds: float) -> None:
         big_plan = solve_ilp(big, budget * nbytes, config=EXACT)
         assert big_plan.added_seconds == pytest.approx(plan.added_seconds * seconds, rel=1e-6)
         assert big_plan.peak_bytes <= budget * nbytes
+
+
+def chain_problems() -> list[Problem]:
+    """Brute-forceable problems where some value has three or more possible
+    starts: recompute chains the program must follow exactly."""
+    found = []
+    for seed in range(300):
+        problem = random_problem(seed, 14, 12)
+        savable = sum(v.savable for v in problem.candidates())
+        deepest = max(len(s.bounds) for s in start_segments(problem).values())
+        if 4 <= savable <= 12 and deepest >= 3:
+            found.append(problem)
+        if len(found) == 8:
+            return found
+    raise AssertionError("not enough chain problems")
+
+
+CHAINS = chain_problems()
+
+
+@pytest.mark.parametrize("index", range(len(CHAINS)))
+def test_min_peak_is_exact_on_recompute_chains(index: int) -> None:
+    problem = CHAINS[index]
+    assert min_peak(problem, config=EXACT).peak_bytes == min(p.peak_bytes for p in brute_force(problem))
+
+
+def long_chain() -> Problem:
+    """x -> a -> b -> c -> d (10 B) -> out; the backward reads d, allocates
+    t (1000 B), then reads c, b and a in turn.
+
+    The smallest peak keeps d (until gd) and recomputes a, b, c from x where c
+    is read, after t: 1020 B at t (x, out, t). ``b`` may start where d is read
+    (if d were recomputed), where c is read, or at its own read: a program that
+    cannot tell the middle start from the earliest holds b (and a) through t.
+    """
+    forward = [Node("a", 100, ("x",), recompute_seconds=1.0), Node("b", 100, ("a",), recompute_seconds=1.0),
+               Node("c", 100, ("b",), recompute_seconds=1.0), Node("d", 10, ("c",), recompute_seconds=1.0),
+               Node("out", 10, ("d",), output=True)]
+    backward = [Node("gd", 10, ("d",)), Node("t", 1000), Node("gc", 10, ("c",)), Node("gb", 10, ("b",)),
+                Node("ga", 10, ("a",), grad=True)]
+    return build_problem([("x", 10)], forward, backward)
+
+
+def test_a_long_chain_starts_where_it_is_first_needed(monkeypatch: pytest.MonkeyPatch) -> None:
+    problem = long_chain()
+    assert min(p.peak_bytes for p in brute_force(problem)) == 1020
+    assert min_peak(problem, config=EXACT).peak_bytes == 1020
+    # one segment before the read (the earlier formulation's two start options,
+    # the earliest and the read) over-counts b through t
+    monkeypatch.setattr(ilp, "start_segments", lambda problem: start_segments(problem, 1))
+    assert min_peak(problem, config=EXACT).peak_bytes > 1020
