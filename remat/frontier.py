@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -107,13 +108,14 @@ def sweep(model: Callable[..., Any], *inputs: Any, budgets: Sequence[float] | No
     chosen = list(budgets) if budgets is not None else spread(base, points)
     # every budget shares the captured graph's smallest-peak plan (solved once, if a budget
     # needs it) and torch's min-cut figures (computed if a report's are read)
-    results = [plan_budgets(captured.problem, options, [gb], captured.lowest, min_cut=lambda: figures(base, MIN_CUT))[0]
+    min_cut = functools.partial(figures, base, MIN_CUT)
+    results = [plan_budgets(captured.problem, options, [gb], captured.lowest, min_cut=min_cut)[0]
                for gb in progress(chosen, desc="remat: solving", unit="budget")]
     reports = [r if isinstance(r, Report) else None for r in results]
     rows = [row(gb, r) for gb, r in zip(chosen, results)]
     frontier = Frontier(rows, base.store_all_peak_bytes, 0, compiler, base.headroom, base.device, reports=reports,
                         unbinding_budget_bytes=base.unbinding_budget_bytes)
-    frontier.defer(lambda: figures(base, ("min_feasible_bytes",)), "min_feasible_bytes")
+    frontier.defer(functools.partial(figures, base, ("min_feasible_bytes",)), "min_feasible_bytes")
     if measure:
         measure_frontier(frontier, model, inputs, options)
     if log.isEnabledFor(logging.INFO):  # the table names the smallest feasible budget: computed for the log only
@@ -122,6 +124,7 @@ def sweep(model: Callable[..., Any], *inputs: Any, budgets: Sequence[float] | No
 
 
 def figures(report: Report, names: Sequence[str]) -> dict[str, Any]:
+    """``names`` read from ``report`` (computed there, if pending, once for every reader)."""
     return {name: getattr(report, name) for name in names}
 
 

@@ -29,9 +29,9 @@ SMALL = {
     "mlp-dropout": {"batch": 64},
 }
 
-# Under Inductor every plan is compiled, in seconds per block: one block of each transformer
-# has every kind of op and decision the tests look at.
-INDUCTOR_SIZE = {"gpt": {"layers": 1}, "gpt-softmax": {"layers": 1}, "llama": {"layers": 1}}
+# Under Inductor every plan is compiled, in seconds per block: one block of each model has
+# every kind of op and decision the tests look at.
+INDUCTOR_SIZE = {"gpt": {"layers": 1}, "gpt-softmax": {"layers": 1}, "llama": {"layers": 1}, "convnet": {"blocks": 1}}
 
 
 def build(name: str, **overrides: object) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:

@@ -35,6 +35,8 @@ def test_scaling_smoke_writes_results(tmp_path: pathlib.Path) -> None:
 
 def test_bench_smoke_every_peer_beside_remat(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pareto, "SWEEP", (0.02, 0.5))
+    # torch's budget peers at 0.8 and 0.2 run the same code as at 0.5; 0.0 is a case of its own in torch
+    monkeypatch.setattr(peers, "PEERS", [p for p in peers.PEERS if p.budget not in (0.8, 0.2)])
     bench_main.main(["--device", "cpu", "--smoke", "--models", "gpt", "--steps", "1", "--set", "layers=1",
                      "--out", str(tmp_path)])
     [result] = tmp_path.glob("*-cpu-smoke-gpt.json")
