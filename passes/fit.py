@@ -25,6 +25,7 @@ from remat.budget import min_budget_gb
 from remat.errors import BudgetError, format_bytes
 
 from . import inductor_account as account
+from . import torch_adapter as adapter
 from .partition import GraphPlan, Planner
 
 log = logging.getLogger(__name__)
@@ -61,10 +62,10 @@ def fit(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
         compiled, plan, peak = compile_once(gm, example_inputs, planner, compile_graph)
         plan.report.compile_attempts = attempt
         limit = plan.report.planned_budget_bytes
+        if limit is None or peak <= limit:
+            return compiled  # before asking whether the plan is the smallest: that may need a solve
         if plan.smallest or target in (SMALLEST, FASTEST):
             fallbacks[SMALLEST if plan.smallest else target] = peak
-        if limit is None or peak <= limit:
-            return compiled
         planner.plans.pop()
         if attempt < MAX_TIGHTENED and not plan.smallest:
             # the model missed by (peak - limit): ask it for that much less than it predicted
@@ -79,26 +80,40 @@ def fit(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
                  format_bytes(peak), format_bytes(limit))
 
 
-def settle_min_feasible(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
-                        compile_graph: Compile) -> None:
-    """Make the last plan's ``min_feasible_bytes`` exact, the budget ``compile_fitted`` is
-    sure to accept: the lower compiled peak of the smallest-peak plan and the fastest plan,
-    plus the margin. Costs up to two more compiles."""
+def defer_min_feasible(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
+                       compile_graph: Compile) -> None:
+    """Make the last plan's ``min_feasible_bytes`` the exact figure ``compile_fitted`` is sure
+    to accept: the lower compiled peak of the smallest-peak plan and the fastest plan, plus
+    the margin. That costs up to two more compiles, so they run when the figure is first
+    read (``remat.plan``), under the grad and autocast state of now."""
     plan = planner.plans[-1]
+    restore = adapter.ambient_state()
+
+    def compute() -> dict[str, object]:
+        with restore(), adapter.saved_values_chooser(planner.choose):
+            peak = lowest_compiled_peak(gm, example_inputs, planner, compile_graph, plan)
+        return {"min_feasible_bytes": peak + plan.report.margin_bytes, "min_feasible_exact": True}
+
+    plan.report.defer(compute, "min_feasible_bytes", "min_feasible_exact")
+
+
+def lowest_compiled_peak(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
+                         compile_graph: Compile, plan: GraphPlan) -> int:
+    """The lower compiled peak of the smallest-peak plan and the fastest plan; ``plan``'s
+    own program counts for whichever of the two it is."""
     unbudgeted = planner.options.budget_bytes is None  # then the plan is the fastest already
     peaks = [plan.report.compiled_peak_bytes] if plan.smallest or unbudgeted else []
     targets = ([] if plan.smallest else [SMALLEST]) + ([] if unbudgeted else [FASTEST])
     planned = len(planner.plans)
-    planner.settle_for_lowest = True
+    planner.settle_for_lowest, planner.storing = True, False
     try:
         for target in targets:
             planner.target = target
             peaks.append(compile_once(gm, example_inputs, planner, compile_graph)[2])
     finally:
-        planner.target, planner.settle_for_lowest = None, False
+        planner.target, planner.settle_for_lowest, planner.storing = None, False, True
         del planner.plans[planned:]
-    plan.report.min_feasible_bytes = min(peaks) + plan.report.margin_bytes
-    plan.report.min_feasible_exact = True
+    return min(peaks)
 
 
 def compile_once(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,

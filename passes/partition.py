@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch.fx as fx
@@ -20,6 +21,7 @@ import torch.fx as fx
 from remat import solvers
 from remat.budget import infeasible, min_budget_bytes
 from remat.errors import BudgetError, PlanError, format_bytes
+from remat.lazy import Once
 from remat.options import Options
 from remat.report import Report, attach_timelines, node_rows
 from remat.solvers.problem import Kind, Problem
@@ -48,7 +50,15 @@ class GraphPlan:
     forward_names: set[str]
     random_names: set[str]
     graphs: dict[str, fx.GraphModule] = field(default_factory=dict)
-    smallest: bool = False  # the plan is the smallest-peak plan: nothing tighter exists in the model
+    lowest: Lowest | None = None  # the smallest-peak plan, solved when first asked for
+
+    @property
+    def smallest(self) -> bool:
+        """The plan is the smallest-peak plan: nothing tighter exists in the model."""
+        if self.lowest is None:
+            return False
+        low = self.lowest()
+        return self.solution.saved == low.saved and self.solution.recomputed == low.recomputed
 
 
 def planning_target(problem: Problem, options: Options) -> int | None:
@@ -69,25 +79,30 @@ def unseen_margin(problem: Problem, compiler: str) -> int:
     return 0
 
 
-def solve(problem: Problem, options: Options, lowest: Solution | None = None, *,
-          target: int | None = None, settle_for_lowest: bool = False) -> tuple[Solution, Solution, Solution]:
-    """(plan, store-all, smallest-peak plan); raises BudgetError below the minimum.
+Lowest = Once[Solution]  # the smallest-peak plan, solved on the first call
 
-    ``lowest``: the smallest-peak plan when already known (a sweep solves it once).
+
+def solve(problem: Problem, options: Options, lowest: Lowest | None = None, *,
+          target: int | None = None, settle_for_lowest: bool = False) -> tuple[Solution, Solution]:
+    """(plan, store-all); raises BudgetError below the minimum.
+
+    ``lowest``: the smallest-peak plan, called only where it is needed: a binding budget
+    (is it feasible?) or a failed solve (a fall-back). With no budget, or one at or above
+    store-all's peak, it is never solved here (issue 12). Default: solved here when needed.
     ``target``: the peak the plan must fit (default: ``planning_target``).
     ``settle_for_lowest``: below the model's minimum, return the smallest-peak plan
     instead of raising (Inductor's program is then compiled and judged by its own account).
     """
     budget = planning_target(problem, options) if target is None else target
-    config = solvers.ILPConfig(time_limit_s=options.time_limit_s)
+    config = ilp_config(options)
     store_all = solvers.store_all(problem)
-    if lowest is None:
-        lowest = smallest_peak(problem, config)
-    if budget is not None and budget < lowest.peak_bytes:
+    lowest = lowest or Once(lambda: smallest_peak(problem, config))
+    # store-all's peak is at least the smallest: only a budget below it can be infeasible
+    if budget is not None and budget < store_all.peak_bytes and budget < lowest().peak_bytes:
         if settle_for_lowest:
             note = "below the model's smallest peak: the smallest-peak plan, judged by its compiled program"
-            return replace(lowest, notes=(*lowest.notes, note)), store_all, lowest
-        raise infeasible(problem, options.budget_bytes, lowest, options.headroom,
+            return replace(lowest(), notes=(*lowest().notes, note)), store_all
+        raise infeasible(problem, options.budget_bytes, lowest(), options.headroom,
                          unseen_margin(problem, options.compiler))
     # No plan holds more than keeping everything: a budget at or above that
     # peak (or none) is never binding, and every such budget gets one plan.
@@ -98,7 +113,11 @@ def solve(problem: Problem, options: Options, lowest: Solution | None = None, *,
         note = (f"time limit of {options.time_limit_s:g} s reached: the best plan found "
                 f"(gap to optimal {gap}); raise time_limit_s for a faster one")
         plan = replace(plan, notes=(*plan.notes, note))
-    return plan, store_all, lowest
+    return plan, store_all
+
+
+def ilp_config(options: Options) -> solvers.ILPConfig:
+    return solvers.ILPConfig(time_limit_s=options.time_limit_s)
 
 
 def smallest_peak(problem: Problem, config: solvers.ILPConfig) -> Solution:
@@ -115,14 +134,14 @@ def smallest_peak(problem: Problem, config: solvers.ILPConfig) -> Solution:
 
 
 def solve_or_fall_back(problem: Problem, cap: int, options: Options, config: solvers.ILPConfig,
-                       lowest: Solution) -> Solution:
+                       lowest: Lowest) -> Solution:
     """The chosen solver's plan within ``cap``; if the solver raises or its
     plan does not fit, the fastest plan that fits among the cheap ones and
-    the smallest-peak plan ``lowest``, with status FALLBACK and the reason noted.
+    the smallest-peak plan ``lowest()``, with status FALLBACK and the reason noted.
 
-    The program's start options bound a recomputed value's start from below,
-    so near the smallest peak it may find no plan where ``lowest`` (checked
-    with exact starts) fits.
+    Near the smallest peak the solver may stop at its time limit with no
+    plan, or (where a value's earliest starts merge into one segment) count
+    a plan above the exact memory, while ``lowest`` fits.
     """
     solver = solvers.get(options.solver)
     kwargs = {"config": config} if options.solver.startswith("ilp") else {}
@@ -134,10 +153,10 @@ def solve_or_fall_back(problem: Problem, cap: int, options: Options, config: sol
         reason = f"solver {options.solver!r} found no plan within {format_bytes(cap)} (its plan peaks at " \
                  f"{format_bytes(plan.peak_bytes)})"
     except solvers.Infeasible as exc:  # near the smallest peak: see the docstring
-        reason, cause = f"solver {options.solver!r} found no plan within {format_bytes(cap)} with its start options", exc
+        reason, cause = f"solver {options.solver!r} found no plan within {format_bytes(cap)}", exc
     except Exception as exc:  # any fault inside a solver library: never lose the step over it
         reason, cause = f"solver {options.solver!r} failed ({type(exc).__name__}: {exc})", exc
-    fits = [p for p in [*cheap_plans(problem, cap), lowest] if p.peak_bytes <= cap]
+    fits = [p for p in [*cheap_plans(problem, cap), lowest()] if p.peak_bytes <= cap]
     if not fits:
         raise PlanError(f"{reason}, and no cheap plan fits {format_bytes(cap)}: raise the budget, "
                         f"or try another solver ({', '.join(solvers.available())})") from cause
@@ -210,9 +229,15 @@ class Planner:
         # smallest peak yields the smallest-peak plan (judged by its compiled program).
         self.target: int | None = None
         self.settle_for_lowest = False
+        # Off while plans are compiled only to measure them (passes/fit.py): the plan cache
+        # keeps the plan that fitted the budget, never a fall-back made for a figure.
+        self.storing = True
         # one cache per process: planning and compiling the same model then
         # see the same costs (CPU workspace, in particular, varies run to run)
         self.cache = SHARED_TIMINGS
+        # The fitting loop plans one graph several times, each from an equal problem:
+        # its smallest-peak plan is solved once (a few graphs' worth: graph breaks).
+        self.lowest_by_problem: dict[Problem, Once[Solution]] = {}
         folder = plan_cache.cache_dir(options.plan_cache)
         self.disk = plan_cache.PlanCache(folder) if folder is not None else None
 
@@ -233,14 +258,18 @@ class Planner:
             cached = self.disk.load(key, joint_graph) if self.target is None else None
         if cached is not None:
             plan = plan_from_cache(cached, forward)
+            problem = Once(lambda: self.profiled(joint_graph, node_info)[0])  # only if a figure asks for it
+            self.defer_figures(plan.report, problem, Once(lambda: self.lowest_of(problem())()),
+                               joint_graph, node_info, only=cached.pending)
         else:
             plan = self.make_plan(joint_graph, node_info, forward)
             if specialized:
                 plan.report.notes.append("dynamic sizes pinned: each new size is planned under the budget again")
-            if key is not None:  # the plan cache is on
+            if key is not None and self.storing:  # the plan cache is on
                 self.store(key, plan)
         self.plans.append(plan)
-        log.info("remat plan for graph %d:\n%s", len(self.plans) - 1, plan.report.summary())
+        if log.isEnabledFor(logging.INFO):  # the summary reads every figure: compute them only for the log
+            log.info("remat plan for graph %d:\n%s", len(self.plans) - 1, plan.report.summary())
         if self.stop_after_plan:
             raise PlanComplete
         return nodes_to_save(joint_graph, node_info, plan.solution)
@@ -252,26 +281,47 @@ class Planner:
         if not self.disk.store(key, entry):
             plan.report.plan_cache = ""
 
-    def make_plan(self, joint_graph: fx.Graph, node_info: adapter.NodeInfo, forward: set[str]) -> GraphPlan:
-        """Profile, build the problem, solve, and score torch's own choice."""
-        t0 = time.perf_counter()
+    def profiled(self, joint_graph: fx.Graph, node_info: adapter.NodeInfo) -> tuple[Problem, dict]:
+        """The graph's problem, and the costs profiled for it."""
         costs = profile_graph(joint_graph, mode=self.options.profile, cache=self.cache)
-        problem = build_problem(joint_graph, node_info, costs, fusion=self.options.compiler == "inductor")
+        return build_problem(joint_graph, node_info, costs, fusion=self.options.compiler == "inductor"), costs
+
+    def lowest_of(self, problem: Problem) -> Once[Solution]:
+        """The smallest-peak plan of ``problem``, solved on first call, once per equal problem."""
+        if problem not in self.lowest_by_problem:
+            config = ilp_config(self.options)
+            self.lowest_by_problem[problem] = Once(lambda: smallest_peak(problem, config))
+            while len(self.lowest_by_problem) > 4:
+                del self.lowest_by_problem[next(iter(self.lowest_by_problem))]
+        return self.lowest_by_problem[problem]
+
+    def make_plan(self, joint_graph: fx.Graph, node_info: adapter.NodeInfo, forward: set[str]) -> GraphPlan:
+        """Profile, build the problem and solve; figures the plan does not need wait until read."""
+        t0 = time.perf_counter()
+        problem, costs = self.profiled(joint_graph, node_info)
         profile_seconds = time.perf_counter() - t0
-        plan, store_all, lowest = solve(problem, self.options, target=self.target,
-                                        settle_for_lowest=self.settle_for_lowest)
-        t1 = time.perf_counter()
-        min_cut_saved = adapter.min_cut_saved_values(joint_graph, node_info)
-        min_cut_seconds = time.perf_counter() - t1
-        report = make_report(problem, plan, store_all, lowest, score_min_cut(problem, min_cut_saved), self.options)
+        lowest = self.lowest_of(problem)
+        plan, store_all = solve(problem, self.options, lowest, target=self.target,
+                                settle_for_lowest=self.settle_for_lowest)
+        report = make_report(problem, plan, store_all, self.options)
         if self.target is not None:
             report.notes.append(f"planned to {format_bytes(self.target)} so that the compiled program fits")
         attach_timelines(report, problem, plan, store_all)
-        report.profile_seconds, report.min_cut_seconds = profile_seconds, min_cut_seconds
-        report.min_feasible_solve_seconds = lowest.solve_seconds
+        report.profile_seconds = profile_seconds
+        self.defer_figures(report, lambda: problem, lowest, joint_graph, node_info)
         random = {n.name for n in joint_graph.nodes if costs.get(n.name) and costs[n.name].kind == "random"}
-        smallest = plan.saved == lowest.saved and plan.recomputed == lowest.recomputed
-        return GraphPlan(problem, plan, report, forward, random, smallest=smallest)
+        return GraphPlan(problem, plan, report, forward, random, lowest=lowest)
+
+    def defer_figures(self, report: Report, problem: Callable[[], Problem], lowest: Lowest, joint_graph: fx.Graph,
+                      node_info: adapter.NodeInfo, only: Sequence[str] | None = None) -> None:
+        """The smallest feasible budget and torch's min-cut plan, computed when first read
+        (``only``: those of these fields still to compute)."""
+
+        def kept(names: tuple[str, ...]) -> tuple[str, ...]:
+            return tuple(n for n in names if only is None or n in only)
+
+        defer_min_feasible(report, lowest, self.options, kept(MIN_FEASIBLE))
+        report.defer(lambda: min_cut_figures(problem(), joint_graph, node_info), *kept(MIN_CUT))
 
     def on_graph(self, gm: fx.GraphModule, kind: str) -> None:
         """Called with each partitioned graph before it is compiled.
@@ -336,18 +386,16 @@ def check_realized(plan: GraphPlan, options: Options) -> None:
                             f"please report this graph, and meanwhile pass headroom= to plan below the budget")
 
 
-def make_report(problem: Problem, plan: Solution, store_all: Solution, lowest: Solution,
-                min_cut: tuple[int | None, float], options: Options) -> Report:
+def make_report(problem: Problem, plan: Solution, store_all: Solution, options: Options) -> Report:
+    """The plan's report; the figures that need more than the plan come later (``defer_figures``)."""
     margin = 0 if options.headroom is not None else unseen_margin(problem, options.compiler)
     return Report(
         budget_bytes=options.budget_bytes,
         predicted_peak_bytes=plan.peak_bytes,
-        min_feasible_bytes=min_budget_bytes(lowest.peak_bytes, options.headroom, margin),
         planned_budget_bytes=planning_target(problem, options),
         headroom=options.headroom or 0.0,
         margin_bytes=margin,
         input_bytes=sum(v.bytes for v in problem.values if v.kind is Kind.INPUT),
-        min_feasible_exact=options.compiler == "eager",
         store_all_peak_bytes=store_all.peak_bytes,
         predicted_overhead_seconds=plan.added_seconds - store_all.added_seconds,
         solver=plan.solver,
@@ -355,8 +403,6 @@ def make_report(problem: Problem, plan: Solution, store_all: Solution, lowest: S
         solve_seconds=plan.solve_seconds,
         mip_gap=plan.gap,
         nodes=node_rows(problem, plan),
-        min_cut_peak_bytes=min_cut[0],
-        min_cut_overhead_seconds=min_cut[1] - store_all.added_seconds,
         device=str(problem.meta.get("device", "")),
         joint_graph_steps=problem.num_steps,
         candidates=len(problem.candidates()),
@@ -364,21 +410,53 @@ def make_report(problem: Problem, plan: Solution, store_all: Solution, lowest: S
     )
 
 
-def plan_budgets(problem: Problem, options: Options, budgets_gb: list[float | None], *,
-                 min_cut: tuple[int | None, float] = (None, 0.0)) -> list[Report | ValueError]:
+MIN_FEASIBLE = ("min_feasible_bytes", "min_feasible_exact", "min_feasible_solve_seconds")
+MIN_CUT = ("min_cut_peak_bytes", "min_cut_overhead_seconds", "min_cut_seconds")
+
+
+def defer_min_feasible(report: Report, lowest: Lowest, options: Options,
+                       names: tuple[str, ...] = MIN_FEASIBLE) -> None:
+    """The model's smallest feasible budget, computed when first read. Already solved (the
+    budget binds), it costs nothing now, and the plan cache then stores it."""
+    report.defer(lambda: min_feasible_figures(lowest(), report, options), *names)
+    if lowest.done:
+        report.compute_pending(*names)
+
+
+def min_feasible_figures(lowest: Solution, report: Report, options: Options) -> dict[str, object]:
+    """The smallest feasible budget by the model: exact op by op, an estimate under Inductor."""
+    return {"min_feasible_bytes": min_budget_bytes(lowest.peak_bytes, options.headroom, report.margin_bytes),
+            "min_feasible_exact": options.compiler == "eager", "min_feasible_solve_seconds": lowest.solve_seconds}
+
+
+def min_cut_figures(problem: Problem, joint_graph: fx.Graph, node_info: adapter.NodeInfo) -> dict[str, object]:
+    """torch's own plan for the graph (its default partitioner), scored by remat's model."""
+    t0 = time.perf_counter()
+    saved = adapter.min_cut_saved_values(joint_graph, node_info)
+    seconds = time.perf_counter() - t0
+    peak, added = score_min_cut(problem, saved)
+    return {"min_cut_peak_bytes": peak, "min_cut_overhead_seconds": added - solvers.store_all(problem).added_seconds,
+            "min_cut_seconds": seconds}
+
+
+def plan_budgets(problem: Problem, options: Options, budgets_gb: Sequence[float | None], lowest: Lowest, *,
+                 min_cut: Callable[[], dict[str, object]] | None = None) -> list[Report | ValueError]:
     """One profiled problem solved at several budgets (``remat.sweep``): nothing is
-    captured or profiled again. A budget below the smallest feasible one gives its
-    :class:`BudgetError` in place of a Report."""
+    captured or profiled again, and the smallest-peak plan ``lowest()`` is solved at most
+    once for all of them. A budget below the smallest feasible one gives its
+    :class:`BudgetError` in place of a Report. ``min_cut``: torch's plan's figures, the
+    same for every budget, computed when a report's are first read."""
     out: list[Report | ValueError] = []
-    lowest = smallest_peak(problem, solvers.ILPConfig(time_limit_s=options.time_limit_s))
     for budget_gb in budgets_gb:
         at = replace(options, budget_gb=budget_gb)
         try:
-            plan, store_all, _ = solve(problem, at, lowest)
+            plan, store_all = solve(problem, at, lowest)
         except BudgetError as exc:
             out.append(exc)
             continue
-        report = make_report(problem, plan, store_all, lowest, min_cut, at)
-        report.min_feasible_solve_seconds = lowest.solve_seconds
+        report = make_report(problem, plan, store_all, at)
+        defer_min_feasible(report, lowest, at)
+        if min_cut is not None:
+            report.defer(min_cut, *MIN_CUT)
         out.append(attach_timelines(report, problem, plan, store_all))
     return out

@@ -34,18 +34,23 @@ from remat.report import NodeRow, Report
 
 log = logging.getLogger(__name__)
 
-FORMAT = 2
+FORMAT = 3  # 3: figures not yet computed are stored as pending
 OFF = ("0", "off", "false", "no", "")
 
 
 @dataclass(frozen=True)
 class CachedPlan:
-    """What a later compile of the same graph needs: the decision and its report."""
+    """What a later compile of the same graph needs: the decision and its report.
+
+    ``pending``: the report's figures nobody had read when it was stored (``Report.pending``):
+    stored as None, and computed again, from the graph, only when read.
+    """
 
     saved: frozenset[str]
     recomputed: frozenset[str]
     random: frozenset[str]
     report: Report
+    pending: tuple[str, ...] = ()
 
 
 def cache_dir(setting: bool | str | os.PathLike[str]) -> Path | None:
@@ -128,7 +133,8 @@ class PlanCache:
     def store(self, key: dict[str, Any], plan: CachedPlan) -> bool:
         """Write ``plan`` under ``key``; False (and a warning) if the folder is not writable."""
         body = {"key": key, "saved": sorted(plan.saved), "recomputed": sorted(plan.recomputed),
-                "random": sorted(plan.random), "report": plan.report.to_dict()}
+                "random": sorted(plan.random), "report": plan.report.to_dict(compute=False),
+                "pending": plan.report.pending}
         entry = {**body, "checksum": _digest(body)}
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -148,7 +154,7 @@ def _entry_to_plan(entry: dict[str, Any], key: dict[str, Any]) -> CachedPlan:
     if entry["key"] != key:
         raise ValueError("made for another graph, budget, device or version")
     return CachedPlan(frozenset(entry["saved"]), frozenset(entry["recomputed"]), frozenset(entry["random"]),
-                      report_from_dict(entry["report"]))
+                      report_from_dict(entry["report"]), tuple(entry["pending"]))
 
 
 def report_from_dict(data: dict[str, Any]) -> Report:

@@ -100,6 +100,27 @@ def compile_inductor(
     return compile_fx(gm, example_inputs, inner_compile=inner)
 
 
+def ambient_state() -> Callable[[], contextlib.AbstractContextManager[None]]:
+    """A context that restores, later, the state a backend traces under now.
+
+    AOTAutograd traces a dynamo graph under the caller's grad mode and autocast, which the
+    graph itself does not record; a compile run after the backend returned (a figure
+    computed when read) must see the same, wherever it is read from.
+    """
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    autocast = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in devices]
+
+    @contextlib.contextmanager
+    def restore() -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.enable_grad())
+            for device, enabled, dtype in autocast:
+                stack.enter_context(torch.autocast(device, dtype=dtype, enabled=enabled))
+            yield
+
+    return restore
+
+
 def traced_layout(value: Any, traced: Any) -> Any:
     """``value`` with the strides it was traced with (a copy where the kernel chose others)."""
     if isinstance(value, (tuple, list)) and isinstance(traced, (tuple, list)) and len(value) == len(traced):

@@ -13,7 +13,7 @@ from typing import Any
 import torch.fx as fx
 
 from remat.passes import torch_adapter as adapter
-from remat.passes.fit import compile_fitted, settle_min_feasible
+from remat.passes.fit import compile_fitted, defer_min_feasible
 from remat.passes.partition import PlanComplete, Planner
 
 from .options import Options
@@ -44,8 +44,8 @@ class RematBackend:
                 return adapter.compile_eager(gm, example_inputs, on_graph=self.planner.on_graph)
             # Inductor: compile, account for the program it generated, plan tighter while it is over
             compiled = compile_fitted(gm, example_inputs, self.planner, adapter.compile_inductor)
-            if self.stop_after_plan:
-                settle_min_feasible(gm, example_inputs, self.planner, adapter.compile_inductor)
+            if self.stop_after_plan:  # remat.plan: its smallest feasible budget is the compiled one
+                defer_min_feasible(gm, example_inputs, self.planner, adapter.compile_inductor)
                 raise PlanComplete
             return compiled
 

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -16,12 +17,12 @@ from typing import Any
 
 import torch
 
-from remat import solvers
 from remat.passes import torch_adapter as adapter
-from remat.passes.partition import GraphPlan, PlanComplete, plan_budgets
+from remat.passes.partition import MIN_CUT, GraphPlan, PlanComplete, plan_budgets
 
 from .backend import RematBackend
 from .errors import GIB, BudgetError
+from .lazy import Deferred, Deferring
 from .measure import step_peak, tensor_bytes
 from .options import Options
 from .progress import progress
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class Frontier:
+class Frontier(Deferring):
     """Predicted (and, with ``measure=True``, measured) peak and time at each budget.
 
     ``rows`` is plain data, one dict per budget in the order given: ``budget_gb``,
@@ -39,11 +40,12 @@ class Frontier:
     ``predicted_overhead_seconds``, ``recomputed``, ``kept``, ``solve_seconds``,
     ``mip_gap``, and with ``measure=True`` ``measured_peak_bytes`` and
     ``step_seconds``. Infeasible budgets have ``feasible=False`` and no prediction.
+    ``min_feasible_bytes`` is computed when first read, as a Report's is.
     """
 
     rows: list[dict[str, Any]]
     store_all_peak_bytes: int
-    min_feasible_bytes: int
+    min_feasible_bytes: int = Deferred()
     compiler: str
     headroom: float
     device: str = ""
@@ -104,19 +106,26 @@ def sweep(model: Callable[..., Any], *inputs: Any, budgets: Sequence[float] | No
     captured = capture(model, inputs, options)
     base = captured.report
     chosen = list(budgets) if budgets is not None else spread(base, points)
-    store_all = solvers.store_all(captured.problem)
-    min_cut = (base.min_cut_peak_bytes, (base.min_cut_overhead_seconds or 0.0) + store_all.added_seconds)
-    results = [plan_budgets(captured.problem, options, [gb], min_cut=min_cut)[0]
+    # every budget shares the captured graph's smallest-peak plan (solved once, if a budget
+    # needs it) and torch's min-cut figures (computed if a report's are read)
+    min_cut = functools.partial(figures, base, MIN_CUT)
+    results = [plan_budgets(captured.problem, options, [gb], captured.lowest, min_cut=min_cut)[0]
                for gb in progress(chosen, desc="remat: solving", unit="budget")]
     reports = [r if isinstance(r, Report) else None for r in results]
     rows = [row(gb, r) for gb, r in zip(chosen, results)]
-    frontier = Frontier(rows, base.store_all_peak_bytes, base.min_feasible_bytes, compiler,
-                        base.headroom, base.device, reports=reports,
+    frontier = Frontier(rows, base.store_all_peak_bytes, 0, compiler, base.headroom, base.device, reports=reports,
                         unbinding_budget_bytes=base.unbinding_budget_bytes)
+    frontier.defer(functools.partial(figures, base, ("min_feasible_bytes",)), "min_feasible_bytes")
     if measure:
         measure_frontier(frontier, model, inputs, options)
-    log.info("remat sweep over %d budgets:\n%s", len(rows), frontier.to_markdown())
+    if log.isEnabledFor(logging.INFO):  # the table names the smallest feasible budget: computed for the log only
+        log.info("remat sweep over %d budgets:\n%s", len(rows), frontier.to_markdown())
     return frontier
+
+
+def figures(report: Report, names: Sequence[str]) -> dict[str, Any]:
+    """``names`` read from ``report`` (computed there, if pending, once for every reader)."""
+    return {name: getattr(report, name) for name in names}
 
 
 def capture(model: Callable[..., Any], inputs: Sequence[Any], options: Options) -> GraphPlan:

@@ -17,6 +17,7 @@ from remat.solvers.problem import Kind, Problem, Value
 from remat.solvers.solution import Solution
 
 from .errors import format_bytes
+from .lazy import Deferred, Deferring
 
 # Timelines stored in a Report keep at most this many points (bucket maxima).
 MAX_TIMELINE_POINTS = 2000
@@ -39,12 +40,17 @@ class NodeRow:
 
 
 @dataclass(repr=False)
-class Report:
-    """What remat planned for one graph, and what it predicts."""
+class Report(Deferring):
+    """What remat planned for one graph, and what it predicts.
+
+    The smallest feasible budget and torch's min-cut figures cost work the plan does not
+    need (a smallest-peak solve, compiles under ``remat.plan`` with Inductor, torch's own
+    partitioner): they are computed when first read, then kept (``remat.lazy``).
+    ``pending`` names those not computed yet; ``to_dict`` computes them.
+    """
 
     budget_bytes: int | None
     predicted_peak_bytes: int
-    min_feasible_bytes: int
     store_all_peak_bytes: int
     predicted_overhead_seconds: float
     solver: str
@@ -58,15 +64,16 @@ class Report:
     compiled_peak_bytes: int | None = None  # what the program Inductor generated peaks at
     input_bytes: int = 0  # the graph's inputs (parameters, buffers, batch) the budget counts as held
     compile_attempts: int = 0  # plans compiled to fit the budget (Inductor)
+    min_feasible_bytes: int = Deferred(0)
     # min_feasible_bytes is the program's (Inductor: the smallest-peak plan compiled) or the model's
-    min_feasible_exact: bool = False
-    min_cut_peak_bytes: int | None = None
-    min_cut_overhead_seconds: float | None = None
+    min_feasible_exact: bool = Deferred(False)
+    min_cut_peak_bytes: int | None = Deferred(None)
+    min_cut_overhead_seconds: float | None = Deferred(None)
     realized_peak_bytes: int | None = None
     measured_peak_bytes: int | None = None
     profile_seconds: float = 0.0
-    min_feasible_solve_seconds: float = 0.0
-    min_cut_seconds: float = 0.0  # torch's own partitioner decision, for comparison
+    min_feasible_solve_seconds: float = Deferred(0.0)
+    min_cut_seconds: float = Deferred(0.0)  # torch's own partitioner decision, for comparison
     joint_graph_steps: int = 0
     candidates: int = 0
     device: str = ""
@@ -111,8 +118,17 @@ class Report:
         names = [f"{n.name} ({n.op.removeprefix('aten.')}, {format_bytes(n.bytes)})" for n in rows[:count]]
         return ", ".join(names) + (", ..." if len(rows) > count else "") if names else "none holding memory"
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    def to_dict(self, *, compute: bool = True) -> dict:
+        """Every field as plain data. ``compute=False`` computes nothing: the fields still
+        ``pending`` read None (the plan cache stores a report so, with ``pending`` beside it)."""
+        if compute:
+            return asdict(self)
+        pending = self.__dict__.pop("_pending", {})
+        try:
+            data = asdict(self)  # with nothing pending, reading a field computes nothing
+        finally:
+            self.__dict__["_pending"] = pending
+        return {**data, **dict.fromkeys(pending)}
 
     def to_json(self, **kwargs: object) -> str:
         return json.dumps(self.to_dict(), **kwargs)

@@ -29,9 +29,32 @@ SMALL = {
     "mlp-dropout": {"batch": 64},
 }
 
+# Under Inductor every plan is compiled, in seconds per block: one block of each model has
+# every kind of op and decision the tests look at.
+INDUCTOR_SIZE = {"gpt": {"layers": 1}, "gpt-softmax": {"layers": 1}, "llama": {"layers": 1}, "convnet": {"blocks": 1}}
+
 
 def build(name: str, **overrides: object) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     return zoo.build(name, **{**SMALL.get(name, {}), **overrides})
+
+
+_PLANNED: dict[tuple, remat.Report] = {}
+
+
+def planned(name: str, compiler: str, **overrides: object) -> remat.Report:
+    """``remat.plan`` with no budget of ``build(name, **overrides)``, made once per session.
+
+    Tests that need only a model's budgets (its smallest feasible and store-all) share this
+    report: a plan depends on the graph and its shapes, not on the weights, so any model built
+    alike gets the same. Under Inductor that saves each such test two compiles.
+    """
+    key = (name, compiler, tuple(sorted(overrides.items())))
+    if key not in _PLANNED:
+        model, inputs = build(name, **overrides)
+        report = remat.plan(model, *inputs, compiler=compiler)
+        report.min_feasible_bytes  # now, not under whatever a later test patches
+        _PLANNED[key] = report
+    return _PLANNED[key]
 
 
 def budget_between(report: remat.Report, fraction: float) -> float:

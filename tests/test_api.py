@@ -12,7 +12,7 @@ import torch
 
 import remat
 from remat.errors import GIB
-from tests.conftest import budget_between, build
+from tests.conftest import INDUCTOR_SIZE, budget_between, build, planned
 
 
 @pytest.mark.parametrize(
@@ -42,7 +42,7 @@ def test_unknown_options_and_solver_are_named() -> None:
 
 def test_budget_below_the_minimum_raises_budget_error_with_the_minimum() -> None:
     model, inputs = build("gpt")
-    low = remat.plan(model, *inputs, compiler="eager").min_feasible_bytes
+    low = planned("gpt", "eager").min_feasible_bytes
     compiled = remat.compile(model, budget_gb=0.9 * low / GIB, compiler="eager")
     with pytest.raises(remat.BudgetError) as caught:
         compiled(*inputs)
@@ -53,7 +53,7 @@ def test_budget_below_the_minimum_raises_budget_error_with_the_minimum() -> None
 
 def test_budget_at_the_minimum_is_feasible() -> None:
     model, inputs = build("gpt")
-    low = remat.plan(model, *inputs, compiler="eager").min_feasible_bytes
+    low = planned("gpt", "eager").min_feasible_bytes
     report = remat.plan(model, *inputs, compiler="eager", budget_gb=math.ceil(low) / GIB)
     assert report.predicted_peak_bytes <= low
 
@@ -70,7 +70,7 @@ def test_plan_runs_no_step_and_changes_nothing() -> None:
 
 def test_lower_budget_never_raises_the_peak_or_lowers_the_overhead() -> None:
     model, inputs = build("gpt")
-    top = remat.plan(model, *inputs, compiler="eager")
+    top = planned("gpt", "eager")
     reports = [remat.plan(model, *inputs, compiler="eager", budget_gb=budget_between(top, f))
                for f in (1.0, 0.6, 0.3, 0.0)]
     peaks = [r.predicted_peak_bytes for r in reports]
@@ -82,7 +82,7 @@ def test_lower_budget_never_raises_the_peak_or_lowers_the_overhead() -> None:
 
 @pytest.mark.parametrize("budget", [None, float("inf"), 1e6])
 def test_unbinding_budget_is_never_slower_than_torch_min_cut(budget: float | None) -> None:
-    model, inputs = build("gpt")
+    model, inputs = build("gpt", **INDUCTOR_SIZE["gpt"])
     report = remat.plan(model, *inputs, budget_gb=budget)
     assert report.min_cut_overhead_seconds is not None
     assert report.predicted_overhead_seconds <= report.min_cut_overhead_seconds + 1e-12
@@ -90,8 +90,7 @@ def test_unbinding_budget_is_never_slower_than_torch_min_cut(budget: float | Non
 
 def test_report_is_data_first() -> None:
     model, inputs = build("gpt")
-    report = remat.plan(model, *inputs, compiler="eager", budget_gb=budget_between(
-        remat.plan(model, *inputs, compiler="eager"), 0.2))
+    report = remat.plan(model, *inputs, compiler="eager", budget_gb=budget_between(planned("gpt", "eager"), 0.2))
     data = report.to_dict()
     for key in ("budget_bytes", "predicted_peak_bytes", "min_feasible_bytes", "store_all_peak_bytes",
                 "predicted_overhead_seconds", "solver", "solver_status", "solve_seconds", "mip_gap", "nodes"):
@@ -181,8 +180,7 @@ def test_dynamic_sizes_are_planned_per_size_under_a_budget() -> None:
 @pytest.mark.parametrize("solver", ["ilp", "ilp-cbc", "greedy", "store-all", "recompute-all"])
 def test_every_solver_plans_through_the_api(solver: str) -> None:
     model, inputs = build("gpt")
-    top = remat.plan(model, *inputs, compiler="eager")
-    budget = budget_between(top, 1.0)  # store-all fits: every solver has a plan
+    budget = budget_between(planned("gpt", "eager"), 1.0)  # store-all fits: every solver has a plan
     report = remat.plan(model, *inputs, compiler="eager", solver=solver, budget_gb=budget)
     assert report.predicted_peak_bytes <= report.planned_budget_bytes
     if report.solver_status == "fallback":  # recompute-all can peak above store-all: said, not used
@@ -193,7 +191,7 @@ def test_every_solver_plans_through_the_api(solver: str) -> None:
 
 def test_ilp_never_slower_than_the_baselines_under_the_same_budget() -> None:
     model, inputs = build("gpt")
-    budget = budget_between(remat.plan(model, *inputs, compiler="eager"), 1.0)
+    budget = budget_between(planned("gpt", "eager"), 1.0)
     overhead = {s: remat.plan(model, *inputs, compiler="eager", solver=s, budget_gb=budget).predicted_overhead_seconds
                 for s in ("ilp", "greedy", "store-all")}
     assert overhead["ilp"] <= min(overhead.values()) + 1e-12
@@ -214,7 +212,7 @@ def test_report_repr_is_one_line() -> None:
 
 def test_budgets_at_or_above_store_all_give_the_unlimited_plan() -> None:
     model, inputs = build("gpt")
-    free = remat.plan(model, *inputs, compiler="eager")
+    free = planned("gpt", "eager")
     at_store_all = budget_between(free, 1.0)
     for budget in (at_store_all, 2 * at_store_all, float("inf")):
         report = remat.plan(model, *inputs, compiler="eager", budget_gb=budget)

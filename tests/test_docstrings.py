@@ -8,7 +8,8 @@ import importlib
 import pytest
 
 
-@pytest.mark.parametrize("module", ["remat.budget", "remat.errors", "remat.passes.profile", "remat.zoo"])
+@pytest.mark.parametrize("module", ["remat.budget", "remat.errors", "remat.lazy", "remat.passes.profile",
+                                    "remat.zoo"])
 def test_docstring_examples(module: str) -> None:
     result = doctest.testmod(importlib.import_module(module))
     assert result.attempted > 0 and result.failed == 0

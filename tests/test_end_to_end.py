@@ -10,7 +10,7 @@ import torch._inductor.config as inductor_config
 
 import remat
 from bench import hf_models
-from tests.conftest import budget_between, build
+from tests.conftest import INDUCTOR_SIZE, budget_between, build, planned
 
 
 def eager_step(model: torch.nn.Module, inputs: tuple, seed: int = 0, run=None) -> tuple[torch.Tensor, dict, dict]:
@@ -37,12 +37,17 @@ def assert_same(expected: dict, actual: dict, what: str, atol: float = 1e-5, rto
 
 
 def check_against_eager(name: str, fraction: float, compiler: str, **overrides: object) -> remat.Report:
-    return check_model_against_eager(*build(name, **overrides), fraction, compiler)
+    return check_model_against_eager(*build(name, **overrides), fraction, compiler,
+                                     top=planned(name, compiler, **overrides))
 
 
-def check_model_against_eager(model: torch.nn.Module, inputs: tuple, fraction: float, compiler: str) -> remat.Report:
-    """Loss, grads and buffers of one step under a budget ``fraction`` of the way up equal eager's."""
-    budget = budget_between(remat.plan(model, *inputs, compiler=compiler), fraction)
+def check_model_against_eager(model: torch.nn.Module, inputs: tuple, fraction: float, compiler: str,
+                              top: remat.Report | None = None) -> remat.Report:
+    """Loss, grads and buffers of one step under a budget ``fraction`` of the way up equal eager's;
+    ``top``: the model's plan with no budget, when already made."""
+    if top is None:
+        top = remat.plan(model, *inputs, compiler=compiler)
+    budget = budget_between(top, fraction)
     reference = copy.deepcopy(model)
     loss_ref, grads_ref, buffers_ref = eager_step(reference, inputs)
     loss, grads, buffers, report = compiled_step(model, inputs, budget, compiler)
@@ -55,7 +60,7 @@ def check_model_against_eager(model: torch.nn.Module, inputs: tuple, fraction: f
 
 @pytest.mark.parametrize("name", ["gpt", "gpt-softmax", "llama", "convnet"])
 def test_inductor_matches_eager_under_a_binding_budget(name: str) -> None:
-    report = check_against_eager(name, 0.3, "inductor")
+    report = check_against_eager(name, 0.3, "inductor", **INDUCTOR_SIZE.get(name, {}))
     assert report.recomputed, "a budget 30% of the way to store-all must force recomputation"
 
 
@@ -66,8 +71,8 @@ def test_eager_partition_matches_eager_at_the_tightest_budget(name: str) -> None
 
 @pytest.mark.parametrize("compiler", ["eager", "inductor"])
 def test_dropout_never_recomputed_with_fresh_randomness(compiler: str) -> None:
-    with inductor_config.patch(fallback_random=True):
-        report = check_against_eager("mlp-dropout", 0.0, compiler)
+    with inductor_config.patch(fallback_random=True):  # planned under the patch too: not shared
+        report = check_model_against_eager(*build("mlp-dropout"), 0.0, compiler)
     random_rows = [n for n in report.nodes if "kept: random op" in n.reason]
     assert random_rows, "the dropout masks must be kept, with the reason given"
     assert not any("dropout" in n.op or "bernoulli" in n.op for n in report.nodes if n.decision == "recomputed")

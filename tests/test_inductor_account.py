@@ -11,6 +11,7 @@ from remat.measure import step_peak, tensor_bytes
 from remat.passes import inductor_account as account
 from remat.passes import torch_adapter as adapter
 from remat.errors import GIB
+from tests.conftest import planned
 
 TINY = {"layers": 1, "d_model": 32, "heads": 4, "seq": 16, "vocab": 64, "batch": 4}
 SIZES = {"gpt": TINY, "gpt-softmax": TINY, "llama": TINY, "convnet": {"channels": 8, "blocks": 1, "image": 16,
@@ -69,7 +70,7 @@ def test_a_capture_that_sees_no_program_fails_loudly() -> None:
 @pytest.mark.parametrize("name", ["gpt", "gpt-softmax", "llama", "convnet"])
 def test_remat_under_inductor_fits_the_budget_by_its_compiled_account(name: str) -> None:
     model, inputs = zoo.build(name, **SIZES[name])
-    top = remat.plan(model, *inputs, plan_cache=False)
+    top = planned(name, "inductor", **SIZES[name])
     assert top.compiled_peak_bytes is not None and top.min_feasible_exact
     torch._dynamo.reset()
     budget = top.budget_at(0.3)
@@ -89,7 +90,7 @@ def test_remat_under_inductor_fits_the_budget_by_its_compiled_account(name: str)
 
 def test_the_smallest_feasible_budget_from_plan_is_accepted() -> None:
     model, inputs = zoo.build("gpt", **TINY)
-    top = remat.plan(model, *inputs, plan_cache=False)
+    top = planned("gpt", "inductor", **TINY)  # remat.plan's report, shared with the test above
     torch._dynamo.reset()
     compiled = remat.compile(model, budget_gb=top.min_feasible_bytes / GIB, plan_cache=False)
     compiled(*inputs).backward()

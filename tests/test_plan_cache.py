@@ -12,7 +12,7 @@ import torch
 
 import remat
 from remat.passes import partition, plan_cache
-from tests.conftest import budget_between, build
+from tests.conftest import budget_between, build, planned
 
 
 def _plan(folder: pathlib.Path | bool, budget: float | None = None) -> remat.Report:
@@ -32,7 +32,7 @@ def _forbid_planning(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def budget() -> float:
-    return budget_between(_plan(False), 0.3)
+    return budget_between(planned("gpt", "eager"), 0.3)
 
 
 def test_a_graph_planned_once_is_loaded_not_solved(tmp_path: pathlib.Path, budget: float,

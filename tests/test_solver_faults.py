@@ -9,15 +9,14 @@ import pytest
 
 import remat
 from remat.solvers import ilp, registry
-from tests.conftest import budget_between, build
+from tests.conftest import budget_between, build, planned
 
 REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def gpt_budget() -> float:
-    model, inputs = build("gpt")
-    return budget_between(remat.plan(model, *inputs, compiler="eager"), 0.9)  # a cheap plan fits
+    return budget_between(planned("gpt", "eager"), 0.9)  # a cheap plan fits
 
 
 def test_a_requested_solver_that_is_missing_is_named_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -46,7 +45,7 @@ def test_without_highspy_the_default_solver_is_cbc_and_the_report_says_so() -> N
 
 def test_a_time_limit_gives_the_best_plan_found_with_its_status_and_gap() -> None:
     model, inputs = build("gpt", layers=6)
-    budget = budget_between(remat.plan(model, *inputs, compiler="eager"), 1.0)  # the store-all seed fits
+    budget = budget_between(planned("gpt", "eager", layers=6), 1.0)  # the store-all seed fits
     report = remat.plan(model, *inputs, compiler="eager", budget_gb=budget, time_limit_s=1e-3)
     assert report.predicted_peak_bytes <= report.planned_budget_bytes
     assert report.solver_status in ("feasible", "optimal")
@@ -56,7 +55,7 @@ def test_a_time_limit_gives_the_best_plan_found_with_its_status_and_gap() -> Non
 
 def test_a_time_limited_minimum_says_it_may_not_be_the_minimum() -> None:
     model, inputs = build("gpt", layers=6)
-    low = remat.plan(model, *inputs, compiler="eager").min_feasible_bytes
+    low = planned("gpt", "eager", layers=6).min_feasible_bytes
     with pytest.raises(remat.BudgetError, match="smallest budget found feasible.*longer time_limit_s"):
         remat.plan(model, *inputs, compiler="eager", budget_gb=low / 2**30, time_limit_s=1e-3)
 
@@ -78,7 +77,7 @@ def test_a_crashing_solver_gives_a_cheap_plan_within_budget_noted(
 def test_a_crashing_solver_at_a_tight_budget_falls_back_to_the_smallest_peak_plan(
         monkeypatch: pytest.MonkeyPatch) -> None:
     model, inputs = build("gpt")
-    budget = budget_between(remat.plan(model, *inputs, compiler="eager"), 0.05)  # no cheap plan gets here
+    budget = budget_between(planned("gpt", "eager"), 0.05)  # no cheap plan gets here
     monkeypatch.setattr(registry, "solve_ilp", _crash)
     report = remat.plan(model, *inputs, compiler="eager", budget_gb=budget)
     assert report.solver_status == "fallback" and report.predicted_peak_bytes <= report.planned_budget_bytes

@@ -1,0 +1,99 @@
+"""Figures computed only when someone reads them.
+
+Some figures a Report carries cost a solve or a compile that the plan itself
+does not need (the smallest feasible budget, torch's min-cut plan scored by
+remat's model). Issue 12: work nobody asked for is not done. So such a field
+is a :class:`Deferred` one: :meth:`Deferring.defer` registers how to compute it,
+and the first read computes it (with any fields computed alongside) and keeps
+the value. Setting the field drops whatever was pending for it.
+
+>>> from dataclasses import dataclass
+>>> @dataclass
+... class Figures(Deferring):
+...     cheap: int
+...     costly: int = Deferred(0)
+>>> f = Figures(1)
+>>> f.defer(lambda: print("computing") or {"costly": 42}, "costly")
+>>> f.pending
+['costly']
+>>> f.costly
+computing
+42
+>>> f.costly, f.pending
+(42, [])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+_MISSING = object()
+
+
+class Once(Generic[T]):
+    """``fn()`` run on the first call and remembered; ``done`` says whether it ran."""
+
+    def __init__(self, fn: Callable[[], T]) -> None:
+        self.fn = fn
+        self.done = False
+        self.value: T | None = None
+
+    def __call__(self) -> T:
+        if not self.done:
+            self.value, self.done = self.fn(), True
+        return self.value  # type: ignore[return-value]
+
+
+class Deferred:
+    """A dataclass field whose value may be computed on first read (see :class:`Deferring`)."""
+
+    def __init__(self, default: Any = _MISSING) -> None:
+        self.default = default
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:  # the dataclass asks for the default; none makes the field required
+            if self.default is _MISSING:
+                raise AttributeError(self.name)
+            return self.default
+        compute = obj.__dict__.get("_pending", {}).get(self.name)
+        if compute is not None:
+            compute()
+        return obj.__dict__[self.name]
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj.__dict__.get("_pending", {}).pop(self.name, None)
+        obj.__dict__[self.name] = value
+
+
+class Deferring:
+    """Mixin for a dataclass with :class:`Deferred` fields."""
+
+    def defer(self, compute: Callable[[], dict[str, Any]], *names: str) -> None:
+        """Compute ``names`` when any of them is first read: ``compute()`` returns their values.
+        Until then they hold what was set last (their placeholders). A field set or deferred
+        again later keeps that later value or computation."""
+        pending = self.__dict__.setdefault("_pending", {})
+
+        def fill() -> None:
+            values = compute()  # if it raises, the fields stay pending and the next read tries again
+            for name in names:
+                if pending.get(name) is fill:
+                    setattr(self, name, values[name])
+
+        for name in names:
+            pending[name] = fill
+
+    @property
+    def pending(self) -> list[str]:
+        """The deferred fields not computed yet."""
+        return sorted(self.__dict__.get("_pending", {}))
+
+    def compute_pending(self, *names: str) -> None:
+        """Compute the deferred fields ``names`` (default: all) now."""
+        for name in names or self.pending:
+            getattr(self, name)
