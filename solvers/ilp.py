@@ -28,6 +28,7 @@ from .model import (
     exact_starts,
     fixed_diff,
     keep_interval,
+    need_interval,
     recomputable,
     recompute_interval,
     running_sum,
@@ -148,8 +149,9 @@ def _add_decision_rows(model: Model) -> None:
             model.prob += pulp.lpSum(choices) == 1, f"need_{i}"
         elif len(choices) >= 2:
             model.prob += pulp.lpSum(choices) <= 1, f"keep_or_recompute_{i}"
-        if r is not None:
-            _add_start_rows(model, i, v, r)
+        if r is None:  # never recomputed: no start and no operand rule
+            continue
+        _add_start_rows(model, i, v, r)
         for j, u in enumerate(v.keep_operands):
             kept = [model.S[u]] if u in model.S else []
             model.prob += r - pulp.lpSum(kept) <= 0, f"keep_operand_{i}_{j}"
@@ -162,7 +164,7 @@ def _add_start_rows(model: Model, i: int, v: Value, r: pulp.LpVariable) -> None:
     for k, x in enumerate(alive):
         later = alive[k + 1] if k + 1 < len(alive) else r
         model.prob += x - later <= 0, f"started_{i}_{k}"
-    begins = [(b, x) for b, x in zip(starts.bounds, alive)]
+    begins = list(zip(starts.bounds, alive))
     if starts.read is not None:
         begins.append((starts.read, r))
     for k, (step, x) in enumerate(begins):
@@ -216,7 +218,7 @@ def _recompute_spans(model: Model, v: Value) -> list[tuple[pulp.LpVariable, Inte
     within ``recompute_interval`` (not counted where ``A_v`` already is)."""
     if v.name not in model.R:
         return []
-    starts, end = model.starts[v.name], v.need_end if v.need_end is not None else v.need_start
+    starts, end = model.starts[v.name], need_interval(v)[1]
     spans = [(model.R[v.name], recompute_interval(v, starts.read) if starts.read is not None else None)]
     for x, (first, last) in zip(model.L[v.name], starts.segments(end)):
         whole = recompute_interval(v, first)
