@@ -24,7 +24,7 @@ import torch
 import remat
 from remat.cli import parse_overrides
 from remat.errors import GIB, format_bytes
-from remat.measure import step_peak, tensor_bytes
+from remat.measure import budget_peak
 from remat.passes import torch_adapter as adapter
 from remat.passes.profile import time_call
 from remat.zoo import build
@@ -51,7 +51,7 @@ def measure(name: str, model: torch.nn.Module, run: Callable, inputs: tuple, dev
     step()  # compiles
     compile_s = time.perf_counter() - t0
     model.zero_grad(set_to_none=True)
-    peak = step_peak(step, device) + tensor_bytes([*model.parameters(), *model.buffers(), *inputs])
+    peak = budget_peak(step, model, inputs, device)
     seconds = time_call(step, torch.device(device), steps)  # median after a warm-up step
     return {"policy": name, "peak_bytes": peak, "step_ms": seconds * 1e3,
             "compile_s": round(compile_s, 2)}
@@ -71,7 +71,7 @@ def run_all(device: str, size: dict, steps: int) -> list[dict]:
         row = measure(name, model, compiled, inputs, device, steps)
         rep = remat.reports(compiled)[0]
         row.update(budget_bytes=rep.budget_bytes, predicted_peak_bytes=rep.predicted_peak_bytes,
-                   compiled_peak_bytes=rep.compiled_peak_bytes, margin_bytes=rep.margin_bytes,
+                   compiled_peak_bytes=rep.compiled_peak_bytes,
                    compile_attempts=rep.compile_attempts, min_feasible_bytes=top.min_feasible_bytes,
                    solve_seconds=round(rep.solve_seconds, 3), within_budget=None if rep.budget_bytes is None else row["peak_bytes"] <= rep.budget_bytes)
         rows.append(row)

@@ -25,7 +25,7 @@ from torch import nn
 import remat
 from bench.peers import Peer
 from remat.errors import GIB, BudgetError
-from remat.measure import step_peak, tensor_bytes
+from remat.measure import budget_peak
 from remat.passes import torch_adapter as adapter
 
 log = logging.getLogger(__name__)
@@ -121,8 +121,7 @@ def measure(row: Row, model: nn.Module, run: Callable[..., torch.Tensor], inputs
     if cuda:
         torch.cuda.empty_cache()  # so the reserved peak is this row's own
         torch.cuda.reset_peak_memory_stats()
-    held = tensor_bytes([*model.parameters(), *model.buffers(), *inputs])
-    row.peak_bytes = step_peak(step, setup.device) + held
+    row.peak_bytes = budget_peak(step, model, inputs, setup.device)
     if cuda:
         row.reserved_peak_bytes = torch.cuda.max_memory_reserved()
     samples = timed_steps(step, setup.device, setup.steps)
@@ -193,7 +192,6 @@ def plan_bounds(model: nn.Module, inputs: tuple, setup: Setup) -> dict[str, floa
     adapter.reset_compiled()
     return {"min_feasible_bytes": top.min_feasible_bytes, "store_all_peak_bytes": top.store_all_peak_bytes,
             "unbinding_bytes": top.unbinding_budget_bytes, "headroom": top.headroom,
-            "margin_bytes": top.margin_bytes,
             "plan_solve_seconds": top.solve_seconds, "joint_graph_steps": top.joint_graph_steps}
 
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch.fx as fx
 
-from remat.budget import min_budget_gb
-from remat.errors import BudgetError, format_bytes
+from remat.solvers.errors import BudgetError, format_bytes
+from remat.solvers.plan import budget_error, min_budget_bytes
 
 from . import inductor_account as account
 from . import torch_adapter as adapter
@@ -42,9 +42,9 @@ def compile_fitted(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: P
     Up to ``MAX_TIGHTENED`` plans, each asked for less by the last one's overshoot; then the
     model's smallest-peak plan and the fastest plan, whose programs can peak lower than the
     model thinks. If none fits, :class:`BudgetError` names the lower of those two programs'
-    peaks (plus the margin): a budget at which this loop always finds a plan.
+    peaks: a budget at which this loop always finds a plan.
     """
-    planner.settle_for_lowest = planner.options.budget_bytes is not None
+    planner.settle_for_lowest = planner.request.budget_bytes is not None
     try:
         return fit(gm, example_inputs, planner, compile_graph)
     finally:
@@ -60,8 +60,8 @@ def fit(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
         attempt += 1
         planner.target = target
         compiled, plan, peak = compile_once(gm, example_inputs, planner, compile_graph)
-        plan.report.compile_attempts = attempt
-        limit = plan.report.planned_budget_bytes
+        plan.compile_attempts = attempt
+        limit = plan.target
         if limit is None or peak <= limit:
             return compiled  # before asking whether the plan is the smallest: that may need a solve
         if plan.smallest or target in (SMALLEST, FASTEST):
@@ -84,7 +84,7 @@ def defer_min_feasible(gm: fx.GraphModule, example_inputs: Sequence[Any], planne
                        compile_graph: Compile) -> None:
     """Make the last plan's ``min_feasible_bytes`` the exact figure ``compile_fitted`` is sure
     to accept: the lower compiled peak of the smallest-peak plan and the fastest plan, plus
-    the margin. That costs up to two more compiles, so they run when the figure is first
+    That costs up to two more compiles, so they run when the figure is first
     read (``remat.plan``), under the grad and autocast state of now."""
     plan = planner.plans[-1]
     restore = adapter.ambient_state()
@@ -92,17 +92,18 @@ def defer_min_feasible(gm: fx.GraphModule, example_inputs: Sequence[Any], planne
     def compute() -> dict[str, object]:
         with restore(), adapter.saved_values_chooser(planner.choose):
             peak = lowest_compiled_peak(gm, example_inputs, planner, compile_graph, plan)
-        return {"min_feasible_bytes": peak + plan.report.margin_bytes, "min_feasible_exact": True}
+        return {"min_feasible_bytes": min_budget_bytes(peak, planner.request.solve.headroom),
+                "min_feasible_exact": True}
 
-    plan.report.defer(compute, "min_feasible_bytes", "min_feasible_exact")
+    plan.defer(compute, "min_feasible_bytes", "min_feasible_exact")
 
 
 def lowest_compiled_peak(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
                          compile_graph: Compile, plan: GraphPlan) -> int:
     """The lower compiled peak of the smallest-peak plan and the fastest plan; ``plan``'s
     own program counts for whichever of the two it is."""
-    unbudgeted = planner.options.budget_bytes is None  # then the plan is the fastest already
-    peaks = [plan.report.compiled_peak_bytes] if plan.smallest or unbudgeted else []
+    unbudgeted = planner.request.budget_bytes is None  # then the plan is the fastest already
+    peaks = [plan.compiled_peak_bytes] if plan.smallest or unbudgeted else []
     targets = ([] if plan.smallest else [SMALLEST]) + ([] if unbudgeted else [FASTEST])
     planned = len(planner.plans)
     planner.settle_for_lowest, planner.storing = True, False
@@ -124,24 +125,17 @@ def compile_once(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Pla
         compiled = compile_graph(copy.deepcopy(gm), example_inputs, on_graph=planner.on_graph)
     plan = planner.plans[-1]
     # extern kernels' scratch, measured by the profile, placed at the line each kernel runs
-    step = account.step_account(programs, {n.name: n.workspace for n in plan.report.nodes if n.workspace})
+    step = account.step_account(programs, plan.workspace_by_node)
     if not step.complete:
         log.warning("remat: %s; the compiled peak is a lower bound", step.incomplete_reason)
-        plan.report.notes.append(f"compiled account incomplete: {step.incomplete_reason}")
-    plan.report.compiled_peak_bytes = step.peak_bytes
+        plan.notes.append(f"compiled account incomplete: {step.incomplete_reason}")
+    plan.compiled_peak_bytes = step.peak_bytes
     return compiled, plan, step.peak_bytes
 
 
 def over_budget(plan: GraphPlan, peak: int) -> BudgetError:
-    report = plan.report
-    held = report.budget_bytes - report.planned_budget_bytes
-    smallest = peak + held
-    return BudgetError(
-        f"budget {format_bytes(report.budget_bytes)} is below the smallest feasible budget "
-        f"{format_bytes(smallest)} for this graph under Inductor: the program Inductor generates for the "
-        f"lowest plan remat found peaks at {format_bytes(peak)}"
-        + (f", and {format_bytes(held)} is held back for kernel scratch" if held else "")
-        + f". Raise budget_gb to at least {min_budget_gb(smallest)!r}, or shrink the batch or sequence.",
-        budget_bytes=report.budget_bytes,
-        min_feasible_bytes=smallest,
-    )
+    """The error when no plan's compiled program fits: ``peak`` is the lowest one found."""
+    request = plan.request.solve
+    why = f"the program Inductor generates for the lowest plan remat found peaks at {format_bytes(peak)}"
+    return budget_error(request.budget_bytes, min_budget_bytes(peak, request.headroom), request.headroom, why,
+                        under="Inductor")

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 
 import torch.fx as fx
 
+from remat.solvers.problem import Kind, Problem, Value
+from remat.solvers.simulate import timeline
+
 from .profile import multi_output_parent, storage_base, storage_bytes
 
 
@@ -33,15 +36,11 @@ class Liveness:
         self.touch(key, step)
 
     def peak(self, num_steps: int) -> int:
-        diff = [0] * (num_steps + 1)
-        for key, nbytes in self.size.items():
-            diff[self.start[key]] += nbytes
-            diff[self.end[key] + 1] -= nbytes
-        best = running = 0
-        for delta in diff[:num_steps]:
-            running += delta
-            best = max(best, running)
-        return best
+        """The highest sum over steps, by the solvers' own simulator (one liveness rule for the
+        plan and for the realized graphs): each storage a value alive on its interval."""
+        values = tuple(Value(key, Kind.BACKWARD, nbytes, self.start[key], self.end[key])
+                       for key, nbytes in self.size.items())
+        return max(timeline(Problem(values, 0, num_steps), (), ()), default=0)
 
 
 def walk(graph: fx.Graph, live: Liveness, keys: dict[str, str], first_step: int, prefix: str) -> int:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -29,28 +30,44 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from remat.options import Options
-from remat.report import NodeRow, Report
+from remat.solvers.problem import Problem, problem_from_dict, problem_to_dict
+
+from .request import PlanRequest
 
 log = logging.getLogger(__name__)
 
-FORMAT = 3  # 3: figures not yet computed are stored as pending
+FORMAT = 4  # 4: the plan record with its problem (3: a Report, figures pending)
 OFF = ("0", "off", "false", "no", "")
+
+
+# The solution's own facts a later compile reports as they were (the rest is recomputed
+# from the stored problem: peak, timeline, added time).
+SOLUTION_FACTS = ("solver", "status", "bound", "gap", "solve_seconds", "notes")
 
 
 @dataclass(frozen=True)
 class CachedPlan:
-    """What a later compile of the same graph needs: the decision and its report.
+    """What a later compile of the same graph needs: the problem as profiled, the decision
+    and the solve's facts, with the figures already computed. A hit profiles and solves
+    nothing; a figure not stored is computed from the stored problem when read."""
 
-    ``pending``: the report's figures nobody had read when it was stored (``Report.pending``):
-    stored as None, and computed again, from the graph, only when read.
-    """
-
+    problem: Problem
     saved: frozenset[str]
     recomputed: frozenset[str]
     random: frozenset[str]
-    report: Report
-    pending: tuple[str, ...] = ()
+    target: int | None
+    solution: dict[str, Any]  # SOLUTION_FACTS
+    notes: tuple[str, ...] = ()
+    figures: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def entry_of(plan: Any) -> CachedPlan:
+    """The cache entry for a ``GraphPlan`` (passes/partition.py)."""
+    solution = plan.solution
+    facts = {name: getattr(solution, name) for name in SOLUTION_FACTS}
+    facts["status"], facts["notes"] = solution.status.value, list(solution.notes)
+    return CachedPlan(plan.problem, solution.saved, solution.recomputed, frozenset(plan.random_names), plan.target,
+                      facts, tuple(plan.notes), dict(plan.figures))
 
 
 def cache_dir(setting: bool | str | os.PathLike[str]) -> Path | None:
@@ -66,17 +83,18 @@ def cache_dir(setting: bool | str | os.PathLike[str]) -> Path | None:
     return Path(base) / "remat" / "plans"
 
 
-def graph_key(graph: fx.Graph, options: Options, device: str) -> dict[str, Any]:
+def graph_key(graph: fx.Graph, request: PlanRequest, device: str) -> dict[str, Any]:
     """Everything a plan depends on, as plain data."""
     return {
         "format": FORMAT,
         "graph": graph_fingerprint(graph),
-        "budget_bytes": options.budget_bytes,
-        "headroom": options.headroom,
-        "solver": options.solver,
-        "profile": options.profile,
-        "compiler": options.compiler,
-        "time_limit_s": options.time_limit_s,
+        "budget_bytes": request.solve.budget_bytes,
+        "headroom": request.solve.headroom,
+        "solver": request.solve.solver,
+        "profile": request.profile,
+        "compiler": request.compiler,
+        "time_limit_s": request.solve.time_limit_s,
+        "policy": None if request.policy is None else request.policy.name,
         "device": device,
         "torch": torch.__version__,
         "remat": _remat_version(),
@@ -133,8 +151,8 @@ class PlanCache:
     def store(self, key: dict[str, Any], plan: CachedPlan) -> bool:
         """Write ``plan`` under ``key``; False (and a warning) if the folder is not writable."""
         body = {"key": key, "saved": sorted(plan.saved), "recomputed": sorted(plan.recomputed),
-                "random": sorted(plan.random), "report": plan.report.to_dict(compute=False),
-                "pending": plan.report.pending}
+                "random": sorted(plan.random), "target": plan.target, "solution": plan.solution,
+                "notes": list(plan.notes), "figures": plan.figures, "problem": problem_to_dict(plan.problem)}
         entry = {**body, "checksum": _digest(body)}
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -153,18 +171,9 @@ def _entry_to_plan(entry: dict[str, Any], key: dict[str, Any]) -> CachedPlan:
         raise ValueError("checksum mismatch (a damaged or edited file)")
     if entry["key"] != key:
         raise ValueError("made for another graph, budget, device or version")
-    return CachedPlan(frozenset(entry["saved"]), frozenset(entry["recomputed"]), frozenset(entry["random"]),
-                      report_from_dict(entry["report"]), tuple(entry["pending"]))
-
-
-def report_from_dict(data: dict[str, Any]) -> Report:
-    """The inverse of ``Report.to_dict``; unknown fields mean another format."""
-    known = {f.name for f in dataclasses.fields(Report)}
-    unknown = set(data) - known
-    if unknown:
-        raise ValueError(f"report fields this remat does not know: {sorted(unknown)[:3]}")
-    nodes = [NodeRow(**row) for row in data["nodes"]]
-    return Report(**{**data, "nodes": nodes, "notes": list(data.get("notes", []))})
+    return CachedPlan(problem_from_dict(entry["problem"]), frozenset(entry["saved"]), frozenset(entry["recomputed"]),
+                      frozenset(entry["random"]), entry["target"], dict(entry["solution"]), tuple(entry["notes"]),
+                      dict(entry["figures"]))
 
 
 def _digest(data: Any) -> str:
@@ -173,16 +182,19 @@ def _digest(data: Any) -> str:
 
 @functools.cache
 def _remat_version() -> str:
-    """The version plus a hash of remat's own sources: an edited checkout plans anew."""
-    import remat
-    import remat.passes
+    """The version plus a hash of the sources a plan depends on (these passes and the
+    solvers): an edited checkout plans anew."""
     import remat.solvers
 
+    try:
+        version = importlib.metadata.version("remat")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree
+        version = "unknown"
     digest = hashlib.sha256()
-    for package in (remat, remat.passes, remat.solvers):
-        for path in sorted(Path(package.__file__).parent.glob("*.py")):
+    for folder in (Path(__file__).parent, Path(remat.solvers.__file__).parent):
+        for path in sorted(folder.glob("*.py")):
             digest.update(path.read_bytes())
-    return f"{remat.__version__}+{digest.hexdigest()[:12]}"
+    return f"{version}+{digest.hexdigest()[:12]}"
 
 
 def graph_device(graph: fx.Graph) -> str:

@@ -14,13 +14,13 @@ import torch.fx as fx
 
 from remat.passes import torch_adapter as adapter
 from remat.passes.fit import compile_fitted, defer_min_feasible
-from remat.passes.partition import PlanComplete, Planner
+from remat.passes.partition import GraphPlan, PlanComplete, Planner
 
 from .options import Options
-from .report import Report
+from .report import Report, report_of
 
-# Reports of graphs compiled through ``backend="remat"`` by name, in order.
-_BACKEND_REPORTS: list[Report] = []
+# Backends made for ``backend="remat"`` by name, in order: ``remat.reports()`` reads them.
+_NAMED_BACKENDS: list[RematBackend] = []
 
 
 class RematBackend:
@@ -31,12 +31,22 @@ class RematBackend:
         self.stop_after_plan = stop_after_plan
         # Op by op the model is exact: planning is enough. Under Inductor a plan is
         # compiled (nothing runs) so that its program is known; then capture stops.
-        self.planner = Planner(options, stop_after_plan=stop_after_plan and options.compiler == "eager")
+        self.planner = Planner(options.request(), stop_after_plan=stop_after_plan and options.compiler == "eager")
+        self.built: dict[GraphPlan, Report] = {}
         self.__name__ = "remat"
 
     @property
     def reports(self) -> list[Report]:
-        return self.planner.reports
+        """One Report per planned graph, built once the graph's plan is complete."""
+        return [self.report(plan) for plan in self.planner.plans]
+
+    def report(self, plan: GraphPlan) -> Report:
+        if plan in self.built:
+            return self.built[plan]
+        report = report_of(plan)
+        if plan.complete or self.stop_after_plan:  # nothing the passes learn changes it any more
+            self.built[plan] = report
+        return report
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         with adapter.saved_values_chooser(self.planner.choose):
@@ -57,8 +67,13 @@ def remat_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], options: di
         raise ValueError(f"backend='remat' takes no mode (got {mode!r}); pass options={{'budget_gb': ...}}")
     backend = RematBackend(Options.from_mapping(options))
     compiled = backend(gm, example_inputs)
-    _BACKEND_REPORTS.extend(backend.reports)
+    _NAMED_BACKENDS.append(backend)
     return compiled
+
+
+def named_reports() -> list[Report]:
+    """Reports of every graph compiled through ``backend="remat"`` in this process, in order."""
+    return [report for backend in _NAMED_BACKENDS for report in backend.reports]
 
 
 def register() -> None:

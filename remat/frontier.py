@@ -18,15 +18,17 @@ from typing import Any
 import torch
 
 from remat.passes import torch_adapter as adapter
-from remat.passes.partition import MIN_CUT, GraphPlan, PlanComplete, plan_budgets
+from remat.passes.partition import GraphPlan, PlanComplete, plan_at
 
 from .backend import RematBackend
+from .budget import budget_bytes
 from .errors import GIB, BudgetError
 from .lazy import Deferred, Deferring
-from .measure import step_peak, tensor_bytes
+from .measure import held_bytes, step_peak
 from .options import Options
+from .policies import Policy
 from .progress import progress
-from .report import Report
+from .report import Report, report_of
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +88,7 @@ class Frontier(Deferring):
 
 def sweep(model: Callable[..., Any], *inputs: Any, budgets: Sequence[float] | None = None, points: int = 6,
           solver: str = "ilp", time_limit_s: float = 30.0, profile: str = "measure", compiler: str = "inductor",
-          headroom: float | None = None, measure: bool = False) -> Frontier:
+          headroom: float | None = None, policy: Policy | str | None = None, measure: bool = False) -> Frontier:
     """Plan ``model(*inputs)`` at several budgets (GiB) and return the frontier.
 
     The graph is captured and profiled once; each budget is one solve. Without
@@ -99,18 +101,16 @@ def sweep(model: Callable[..., Any], *inputs: Any, budgets: Sequence[float] | No
     """
     if budgets is None and (isinstance(points, bool) or not isinstance(points, int) or points < 1):
         raise ValueError(f"points must be a positive whole number, not {points!r}")
-    options = Options(solver=solver, time_limit_s=time_limit_s, profile=profile, compiler=compiler, headroom=headroom)
+    options = Options.pick(locals())
     if budgets is not None:
         for b in budgets:
             replace(options, budget_gb=b)  # refuses malformed budgets before anything runs
     captured = capture(model, inputs, options)
-    base = captured.report
+    base = report_of(captured)
     chosen = list(budgets) if budgets is not None else spread(base, points)
     # every budget shares the captured graph's smallest-peak plan (solved once, if a budget
     # needs it) and torch's min-cut figures (computed if a report's are read)
-    min_cut = functools.partial(figures, base, MIN_CUT)
-    results = [plan_budgets(captured.problem, options, [gb], captured.lowest, min_cut=min_cut)[0]
-               for gb in progress(chosen, desc="remat: solving", unit="budget")]
+    results = [solved_at(captured, gb) for gb in progress(chosen, desc="remat: solving", unit="budget")]
     reports = [r if isinstance(r, Report) else None for r in results]
     rows = [row(gb, r) for gb, r in zip(chosen, results)]
     frontier = Frontier(rows, base.store_all_peak_bytes, 0, compiler, base.headroom, base.device, reports=reports,
@@ -121,6 +121,12 @@ def sweep(model: Callable[..., Any], *inputs: Any, budgets: Sequence[float] | No
     if log.isEnabledFor(logging.INFO):  # the table names the smallest feasible budget: computed for the log only
         log.info("remat sweep over %d budgets:\n%s", len(rows), frontier.to_markdown())
     return frontier
+
+
+def solved_at(captured: GraphPlan, budget_gb: float) -> Report | BudgetError:
+    """The captured graph's plan at ``budget_gb``, as a Report (or the error below the smallest)."""
+    plan = plan_at(captured, budget_bytes(budget_gb))
+    return plan if isinstance(plan, BudgetError) else report_of(plan)
 
 
 def figures(report: Report, names: Sequence[str]) -> dict[str, Any]:
@@ -179,8 +185,7 @@ def measure_frontier(frontier: Frontier, model: Callable[..., Any], inputs: Sequ
     """Compile and run one step per feasible budget; add measured peak and step time."""
     device = device_of(model, inputs)
     frontier.measured, frontier.measured_device = True, str(device)
-    held = list(model.parameters()) + list(model.buffers()) if isinstance(model, torch.nn.Module) else []
-    fixed = tensor_bytes(held + list(inputs))
+    fixed = held_bytes(model, inputs)
     grads = [(p, p.grad) for p in model.parameters()] if isinstance(model, torch.nn.Module) else []
     try:
         for r, report in progress(list(zip(frontier.rows, frontier.reports)), desc="remat: measuring", unit="budget"):
@@ -201,9 +206,7 @@ def measure_step(model: Callable[..., Any], inputs: Sequence[Any], options: Opti
     import remat
 
     adapter.reset_compiled()  # a fresh capture: dynamo would otherwise reuse an earlier budget's graphs
-    compiled = remat.compile(model, budget_gb=options.budget_gb, solver=options.solver,
-                             time_limit_s=options.time_limit_s, profile=options.profile,
-                             compiler=options.compiler, headroom=options.headroom)
+    compiled = remat.compile(model, **options.kwargs())
 
     def step() -> None:
         loss = compiled(*inputs)

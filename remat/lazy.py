@@ -26,24 +26,11 @@ computing
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any
 
-T = TypeVar("T")
+from remat.solvers.plan import Once  # noqa: F401  (re-exported: the policy's memo)
+
 _MISSING = object()
-
-
-class Once(Generic[T]):
-    """``fn()`` run on the first call and remembered; ``done`` says whether it ran."""
-
-    def __init__(self, fn: Callable[[], T]) -> None:
-        self.fn = fn
-        self.done = False
-        self.value: T | None = None
-
-    def __call__(self) -> T:
-        if not self.done:
-            self.value, self.done = self.fn(), True
-        return self.value  # type: ignore[return-value]
 
 
 class Deferred:

@@ -6,13 +6,13 @@ Rendering for notebooks (``to_pandas``, ``_repr_html_``, ``plot``) lives in
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from remat import solvers
+from remat.solvers.plan import min_budget_bytes
 from remat.solvers.problem import Kind, Problem, Value
 from remat.solvers.solution import Solution
 
@@ -60,7 +60,6 @@ class Report(Deferring):
     nodes: list[NodeRow]
     planned_budget_bytes: int | None = None  # the budget less the headroom or the margin
     headroom: float = 0.0  # the fraction held back, when the user set one
-    margin_bytes: int = 0  # held back for scratch no account sees (Inductor, default)
     compiled_peak_bytes: int | None = None  # what the program Inductor generated peaks at
     input_bytes: int = 0  # the graph's inputs (parameters, buffers, batch) the budget counts as held
     compile_attempts: int = 0  # plans compiled to fit the budget (Inductor)
@@ -95,9 +94,7 @@ class Report(Deferring):
     @property
     def unbinding_budget_bytes(self) -> int:
         """The budget at and above which no plan is bound: store-all's peak plus what is held back."""
-        if self.headroom:
-            return math.ceil(self.store_all_peak_bytes / (1 - self.headroom))
-        return self.store_all_peak_bytes + self.margin_bytes
+        return min_budget_bytes(self.store_all_peak_bytes, self.headroom)
 
     def budget_at(self, fraction: float) -> int:
         """The budget ``fraction`` of the way from the smallest feasible (0) to the unbinding one (1)."""
@@ -183,6 +180,42 @@ class Report(Deferring):
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
 
 
+# --- built from a plan ---------------------------------------------------------
+
+
+def report_of(plan: Any) -> Report:
+    """The Report of one planned graph, built once from the passes' plain record
+    (a ``remat.passes.partition.GraphPlan``; read by attribute, so no torch is imported here)."""
+    problem, solution, request = plan.problem, plan.solution, plan.request
+    report = Report(
+        budget_bytes=request.budget_bytes,
+        predicted_peak_bytes=solution.peak_bytes,
+        planned_budget_bytes=plan.target,
+        headroom=request.solve.headroom or 0.0,
+        input_bytes=sum(v.bytes for v in problem.values if v.kind is Kind.INPUT),
+        store_all_peak_bytes=plan.store_all.peak_bytes,
+        predicted_overhead_seconds=solution.added_seconds - plan.store_all.added_seconds,
+        solver=solution.solver,
+        solver_status=str(solution.status.value),
+        solve_seconds=solution.solve_seconds,
+        mip_gap=solution.gap,
+        nodes=node_rows(problem, solution),
+        device=str(problem.meta.get("device", "")),
+        joint_graph_steps=problem.num_steps,
+        candidates=len(problem.candidates()),
+        notes=[*solution.notes, *plan.notes],
+        compiled_peak_bytes=plan.compiled_peak_bytes,
+        compile_attempts=plan.compile_attempts,
+        realized_peak_bytes=plan.realized_peak_bytes,
+        profile_seconds=plan.profile_seconds,
+        plan_cache=plan.plan_cache,
+        **plan.figures,
+    )
+    for names, compute in plan.deferred:
+        report.defer(compute, *names)
+    return attach_timelines(report, problem, solution, plan.store_all)
+
+
 # --- timelines ---------------------------------------------------------------
 
 
@@ -209,52 +242,11 @@ def attach_timelines(report: Report, problem: Problem, plan: Solution, store_all
 
 # --- decisions and their reasons ---------------------------------------------
 
-MATMULS = frozenset({"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "linear", "_int_mm"})
-TAGGED = (("nondeterministic_seeded", "random"), ("reduction", "reduction"), ("pointwise", "pointwise"))
-VIEWS = frozenset({"view", "_unsafe_view", "reshape", "_reshape_alias", "t", "transpose", "permute", "expand",
-                   "slice", "select", "unsqueeze", "squeeze", "as_strided", "alias", "split", "split_with_sizes",
-                   "unbind", "chunk", "narrow", "unfold", "diagonal", "detach", "view_as_real", "view_as_complex"})
-NAMED = (("scaled_dot_product", "attention"), ("flash_attention", "attention"), ("convolution", "convolution"),
-         ("norm", "normalization"), ("softmax", "softmax"), ("embedding", "embedding"), ("loss", "loss"))
-
-
-@functools.lru_cache(maxsize=None)
-def op_tags(op: str) -> frozenset[str]:
-    """The torch tags of an op named like ``aten.mul.Tensor`` (empty when unknown)."""
-    import torch
-
-    parts = op.split(".")
-    if len(parts) != 3:
-        return frozenset()
-    try:
-        overload = getattr(getattr(getattr(torch.ops, parts[0]), parts[1]), parts[2])
-        return frozenset(t.name for t in overload.tags)
-    except (AttributeError, RuntimeError):
-        return frozenset()
-
-
-def op_category(value: Value, by_name: dict[str, Value]) -> str:
-    """What kind of op made ``value``: matmul, attention, pointwise, view, random, ..."""
+def op_category(value: Value, by_name: dict[str, Value] | None = None) -> str:
+    """What kind of op made ``value`` (the passes' classification, ``remat.passes.taxonomy``)."""
     if value.kind is Kind.INPUT:
         return "input"
-    if value.op == "tangent":
-        return "gradient"
-    if value.recompute_ban and value.recompute_ban.startswith("random"):
-        return "random"
-    if "getitem" in value.op:  # an element of a multi-output op: the op's kind
-        parent = by_name.get(value.operands[0]) if value.operands else None
-        return op_category(parent, by_name) if parent is not None else "multi-output"
-    name = value.op.split(".")[1] if value.op.count(".") == 2 else value.op
-    if name in MATMULS:
-        return "matmul"
-    for part, category in NAMED:
-        if part in name:
-            return category
-    tags = op_tags(value.op)
-    for tag, category in TAGGED:
-        if tag in tags:
-            return category
-    return "view" if name in VIEWS else "other"
+    return value.category or "other"
 
 
 def short_op(op: str) -> str:

@@ -10,7 +10,7 @@ recompute decision, so peak memory is linear in the decisions
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 
 
@@ -54,6 +54,8 @@ class Value:
     - ``keep_operands``: operands that must be *kept* (not recomputed) when
       this value is recomputed; an extra rule a builder may impose (the FX
       builder imposes none: recompute starts are exact).
+    - ``category``: what kind of op made it (matmul, attention, pointwise, view, random,
+      ...; the FX passes' one classification, ``remat.passes.taxonomy``), for reports.
     - ``recompute_ban``: why it may not be recomputed (random op, collective,
       mutation, ...), ``None`` when it may.
     - ``savable``: whether it may be kept (views are never kept: their base is).
@@ -89,6 +91,7 @@ class Value:
     recompute_bytes: int | None = None
     fused_in_forward: bool = False
     save_seconds: float = 0.0
+    category: str = ""
 
     @property
     def fixed_bytes(self) -> int:
@@ -135,3 +138,25 @@ class Problem:
 
     def workspace_at(self, step: int) -> int:
         return self.workspace[step] if self.workspace else 0
+
+
+def problem_to_dict(problem: Problem) -> dict:
+    """``problem`` as JSON-able data (the plan cache stores it: a hit needs no profiling)."""
+    return {"values": [{**asdict(v), "kind": v.kind.value} for v in problem.values],
+            "num_forward_steps": problem.num_forward_steps, "num_steps": problem.num_steps,
+            "workspace": list(problem.workspace), "step_names": list(problem.step_names),
+            "meta": {k: str(v) for k, v in problem.meta.items()}}
+
+
+def problem_from_dict(data: dict) -> Problem:
+    """The inverse of :func:`problem_to_dict`; a field this version does not know is a ValueError."""
+    known = {f.name for f in fields(Value)}
+    values = []
+    for row in data["values"]:
+        unknown = set(row) - known
+        if unknown:
+            raise ValueError(f"problem value fields this remat does not know: {sorted(unknown)[:3]}")
+        tuples = {k: tuple(row[k]) for k in ("operands", "keep_operands") if k in row}
+        values.append(Value(**{**row, **tuples, "kind": Kind(row["kind"])}))
+    return Problem(tuple(values), data["num_forward_steps"], data["num_steps"], tuple(data["workspace"]),
+                   tuple(data["step_names"]), dict(data.get("meta", {})))

@@ -12,8 +12,10 @@ from collections.abc import Collection, Iterable, Mapping
 from .errors import InvalidPlan
 from .model import (
     add_interval,
+    clip,
     exact_starts,
     fixed_diff,
+    fixed_interval,
     keep_interval,
     recompute_interval,
     running_sum,
@@ -133,6 +135,30 @@ def timeline(problem: Problem, saved: Iterable[str], recomputed: Iterable[str],
         value = by_name[name]
         add_interval(diff, recompute_interval(value, starts.get(name)), value.held_when_recomputed)
     return tuple(m + w for m, w in zip(running_sum(diff), workspace(problem)))
+
+
+def alive_at(problem: Problem, saved: Iterable[str], recomputed: Iterable[str],
+             step: int) -> list[tuple[Value, str, int]]:
+    """What the plan holds at ``step``: (value, why, bytes) for every value alive there, by the
+    same intervals as :func:`timeline`, so their bytes plus the step's workspace sum to
+    ``timeline(...)[step]``. ``why``: "fixed" (alive whatever the plan), "kept" or "recomputed"."""
+    saved, recomputed = frozenset(saved), frozenset(recomputed)
+    starts = exact_starts(problem, recomputed)
+
+    def covers(interval: tuple[int, int] | None) -> bool:
+        span = clip(interval, problem.num_steps)
+        return span is not None and span[0] <= step <= span[1]
+
+    alive = []
+    for value in problem.values:
+        if value.fixed_bytes and covers(fixed_interval(value, problem.num_steps)):
+            alive.append((value, "fixed", value.fixed_bytes))
+        if value.name in saved and value.bytes and covers(keep_interval(value)):
+            alive.append((value, "kept", value.bytes))
+        if value.name in recomputed and value.held_when_recomputed and covers(
+                recompute_interval(value, starts.get(value.name))):
+            alive.append((value, "recomputed", value.held_when_recomputed))
+    return alive
 
 
 def added_seconds(problem: Problem, saved: Iterable[str], recomputed: Iterable[str]) -> float:

@@ -28,7 +28,7 @@ from torch import nn
 
 import remat
 from remat.errors import GIB
-from remat.measure import cpu_step_peak, tensor_bytes
+from remat.measure import budget_peak
 from remat.passes import torch_adapter as adapter
 
 SEQ_BLOCKS = ("linear", "mlp", "layernorm", "batchnorm", "dropout", "act", "sdpa", "attention",
@@ -368,10 +368,9 @@ def run(case: Case, *, measure_peak: bool = True) -> Outcome:
         model.zero_grad(set_to_none=True)  # the gradients the step produces count
         outs = []
         with randomness(case):
-            peak = cpu_step_peak(lambda: outs.append(step_backward(compiled, x)))
+            peak = budget_peak(lambda: outs.append(step_backward(compiled, x)), model, (x,), "cpu")
         outs.clear()
-        held = tensor_bytes([*model.parameters(), *model.buffers(), x])
-        outcome.measured_peak_bytes = peak + held
+        outcome.measured_peak_bytes = peak
         if outcome.measured_peak_bytes > report.budget_bytes:
             outcome.problems.append(f"measured peak {outcome.measured_peak_bytes} over the budget "
                                     f"{report.budget_bytes} (predicted {report.predicted_peak_bytes})")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import remat
-from remat.measure import cpu_step_peak, tensor_bytes
+from remat.measure import budget_peak
 from tests.conftest import INDUCTOR_SIZE, budget_between, build, planned
 
 
@@ -22,9 +22,7 @@ def measured_step(name: str, fraction: float, compiler: str) -> tuple[int, remat
     compiled = remat.compile(model, budget_gb=budget, compiler=compiler)
     compiled(*inputs).backward()  # compile outside the measured step
     model.zero_grad(set_to_none=True)  # produced gradients count, as the contract says
-    peak = cpu_step_peak(lambda: compiled(*inputs).backward())
-    held = tensor_bytes([*model.parameters(), *model.buffers(), *inputs])
-    return peak + held, remat.reports(compiled)[0]
+    return budget_peak(lambda: compiled(*inputs).backward(), model, inputs, "cpu"), remat.reports(compiled)[0]
 
 
 @pytest.mark.parametrize("name", ["gpt", "llama", "convnet"])

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import remat
-from remat.measure import cuda_step_peak, tensor_bytes
+from remat.measure import budget_peak
 from remat.zoo import build
 from tests.conftest import budget_between
 
@@ -31,8 +31,7 @@ def test_cuda_gradients_match_eager_and_peak_within_budget(name: str) -> None:
     for (key, p_ref), (_, p) in zip(reference.named_parameters(), model.named_parameters(), strict=True):
         torch.testing.assert_close(p.grad, p_ref.grad, atol=2e-4, rtol=2e-3, msg=key)
     model.zero_grad(set_to_none=True)
-    peak = cuda_step_peak(lambda: compiled(*inputs).backward(), torch.device("cuda"))
-    measured = peak + tensor_bytes([*model.parameters(), *model.buffers(), *inputs])
+    measured = budget_peak(lambda: compiled(*inputs).backward(), model, inputs, "cuda")
     report = remat.reports(compiled)[0]
     assert measured <= report.budget_bytes, (measured, report.budget_bytes, report.predicted_peak_bytes)
 

@@ -8,7 +8,8 @@ import importlib
 import pytest
 
 
-@pytest.mark.parametrize("module", ["remat.budget", "remat.errors", "remat.lazy", "remat.passes.profile",
+@pytest.mark.parametrize("module", ["remat.budget", "remat.solvers.errors", "remat.lazy", "remat.passes.profile",
+                                    "remat.solvers.plan",
                                     "remat.zoo"])
 def test_docstring_examples(module: str) -> None:
     result = doctest.testmod(importlib.import_module(module))

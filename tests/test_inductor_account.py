@@ -7,7 +7,7 @@ import torch
 
 import remat
 from remat import zoo
-from remat.measure import step_peak, tensor_bytes
+from remat.measure import budget_peak
 from remat.passes import inductor_account as account
 from remat.passes import torch_adapter as adapter
 from remat.errors import GIB
@@ -22,8 +22,7 @@ CONV_SCRATCH = 16 * 1024
 
 def measured_peak(model: torch.nn.Module, run, inputs: tuple) -> int:
     model.zero_grad(set_to_none=True)
-    held = tensor_bytes([*model.parameters(), *model.buffers(), *inputs])
-    return step_peak(lambda: run(*inputs).backward(), "cpu") + held
+    return budget_peak(lambda: run(*inputs).backward(), model, inputs, "cpu")
 
 
 def account_of_default_compile(name: str, reuse: bool) -> tuple[int, int, account.StepAccount]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import json
 import random
 import sys
@@ -13,7 +15,7 @@ from remat.errors import format_bytes
 from remat.frontier import capture
 from remat.options import Options
 from remat.render import scale
-from remat.report import downsample, node_rows
+from remat.report import downsample, node_rows, report_of
 from remat.solvers.problem import Kind, Problem, Value
 from tests.conftest import budget_between, build
 
@@ -25,11 +27,11 @@ def tiny_problem(*, keep_operand: bool = False) -> Problem:
     forward = dict(kind=Kind.FORWARD, last_use=2, need_start=3, need_end=3, direct_need=True)
     return Problem(values=(
         Value("x", Kind.INPUT, 256, 0, 3, op="input"),
-        Value("mm", bytes=2**20, produced=0, op="aten.mm.default", seconds=8e-4, recompute_seconds=8e-4, **forward),
-        Value("relu", bytes=2**20, produced=1, op="aten.relu.default", operands=("mm",), seconds=1e-4,
+        Value("mm", bytes=2**20, produced=0, op="aten.mm.default", category="matmul", seconds=8e-4, recompute_seconds=8e-4, **forward),
+        Value("relu", bytes=2**20, produced=1, op="aten.relu.default", category="pointwise", operands=("mm",), seconds=1e-4,
               recompute_seconds=1e-5, save_seconds=1e-4, keep_operands=("mm",) if keep_operand else (), **forward),
-        Value("mask", bytes=2**19, produced=2, op="aten.native_dropout.default", recompute_ban=RANDOM_BAN, **forward),
-        Value("grad", Kind.BACKWARD, 2**20, 3, 3, op="aten.threshold_backward.default"),
+        Value("mask", bytes=2**19, produced=2, op="aten.native_dropout.default", category="random", recompute_ban=RANDOM_BAN, **forward),
+        Value("grad", Kind.BACKWARD, 2**20, 3, 3, op="aten.threshold_backward.default", category="pointwise"),
     ), num_forward_steps=3, num_steps=4)
 
 
@@ -65,8 +67,9 @@ def test_downsample_keeps_every_bucket_maximum() -> None:
 def planned():
     """A GPT-style graph planned op by op under a budget that forces recomputation."""
     model, inputs = build("gpt")
-    top = capture(model, inputs, Options(compiler="eager")).report
-    return capture(model, inputs, Options(compiler="eager", budget_gb=budget_between(top, 0.3)))
+    top = report_of(capture(model, inputs, Options(compiler="eager")))
+    plan = capture(model, inputs, Options(compiler="eager", budget_gb=budget_between(top, 0.3)))
+    return types.SimpleNamespace(report=report_of(plan), solution=plan.solution, problem=plan.problem)
 
 
 def test_report_fields_agree_with_the_solution(planned) -> None:
@@ -153,7 +156,7 @@ def test_missing_optional_libraries_say_how_to_install_them(planned, monkeypatch
         planned.report.plot()
 
 
-@pytest.mark.parametrize("module", ["remat.report", "remat.progress"])
+@pytest.mark.parametrize("module", ["remat.report", "remat.passes.progress"])
 def test_docstring_examples(module: str) -> None:
     import doctest
     import importlib

@@ -1,0 +1,104 @@
+"""Measure a step's peak as the budget contract counts it.
+
+    peak bytes allocated during the step - bytes allocated just before it
+    + bytes of the graph's inputs
+
+On CUDA from the caching allocator's statistics; on the CPU from the
+profiler's ``[memory]`` events, whose running "Total Allocated" covers
+Inductor's buffers too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+
+
+def tensor_bytes(tensors: Iterable[Any]) -> int:
+    """Bytes of the distinct storages behind ``tensors``."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            storage = t.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def held_bytes(model: Any, inputs: Iterable[Any]) -> int:
+    """What the budget counts as held through the step: the model's parameters and buffers
+    (when it is a module) and the step's inputs, each storage once."""
+    held = [*model.parameters(), *model.buffers()] if isinstance(model, torch.nn.Module) else []
+    return tensor_bytes([*held, *inputs])
+
+
+def budget_peak(step: Callable[[], Any], model: Any, inputs: Iterable[Any], device: torch.device | str) -> int:
+    """A step's peak as the budget counts it: the peak allocated while ``step()`` runs above
+    what was allocated before, plus ``held_bytes(model, inputs)``."""
+    return step_peak(step, device) + held_bytes(model, inputs)
+
+
+def step_peak(step: Callable[[], Any], device: torch.device | str) -> int:
+    """Peak bytes allocated while ``step()`` runs, above what was allocated before."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return cuda_step_peak(step, device)
+    return cpu_step_peak(step)
+
+
+def cuda_step_peak(step: Callable[[], Any], device: torch.device) -> int:
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    step()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - before
+
+
+@contextlib.contextmanager
+def quiet_stderr() -> Iterator[None]:
+    """Close the process's stderr for the block: kineto prints a line on every
+    profiler start and stop, from C++, that no setting turns off."""
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(devnull)
+        os.close(saved)
+
+
+def cpu_step_peak(step: Callable[[], Any]) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with quiet_stderr():
+        prof.start()
+    try:
+        step()
+    finally:
+        with quiet_stderr():
+            prof.stop()
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    finally:
+        os.unlink(path)
+    memory = [e["args"] for e in events if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0]
+    if not memory:
+        return 0
+    # "Total Allocated" counts from where an earlier profiling session left
+    # off; the first event tells where this one started.
+    start = memory[0]["Total Allocated"] - memory[0]["Bytes"]
+    return max(0, max(m["Total Allocated"] for m in memory) - start)

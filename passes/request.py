@@ -1,0 +1,32 @@
+"""What the user-facing layer asks of the passes: plain data (remat's ``Options`` builds it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from remat.solvers.plan import Request
+
+from .policies import Policy
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """How to plan and compile one model's graphs.
+
+    - ``solve``: the budget, headroom, solver and time limit (:class:`remat.solvers.plan.Request`).
+    - ``profile``: "measure" (time every op on its device) or "analytic".
+    - ``compiler``: "inductor" or "eager" (the partitioned graphs run op by op).
+    - ``plan_cache``: the folder plans are kept in, or ``None`` (off).
+    - ``policy``: decisions pinned before the solve (``remat.policies``), or ``None``.
+    """
+
+    solve: Request = field(default_factory=Request)
+    profile: str = "measure"
+    compiler: str = "inductor"
+    plan_cache: Path | None = None
+    policy: Policy | None = None
+
+    @property
+    def budget_bytes(self) -> int | None:
+        return self.solve.budget_bytes

@@ -1,0 +1,290 @@
+"""The solve policy: which plan a graph gets under a budget. No torch here.
+
+The FX passes turn a graph into a :class:`Problem` and hand it here with a plain
+:class:`Request`; everything about *which* plan follows from those two, and is
+tested on ``random_problem``s in milliseconds:
+
+- no budget, or one at or above store-all's peak: the fastest plan (never binding);
+- a budget below the smallest peak: :class:`BudgetError` naming the smallest
+  feasible budget and what dominates memory there (or, for a caller that judges
+  plans by another account, the smallest-peak plan: ``settle_for_lowest``);
+- otherwise the chosen solver's plan; if it fails or does not fit, the fastest
+  plan that fits among the cheap ones and the smallest-peak plan;
+- ``extra`` candidate plans (torch's min-cut saved set, say) are taken where they
+  fit and are faster, so remat's plan is never slower than them under the model.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, replace
+from typing import Generic, TypeVar
+
+from .baselines import greedy, recompute_all, store_all
+from .errors import GIB, BudgetError, Infeasible, InvalidPlan, PlanError, format_bytes
+from .ilp import ILPConfig, min_peak
+from .problem import Kind, Problem
+from .registry import available, get
+from .simulate import added_seconds, alive_at, closure, evaluate
+from .solution import Solution, Status
+
+log = logging.getLogger("remat.solvers.plan")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the caller asks of a solve: plain data, no torch.
+
+    - ``budget_bytes``: the peak the step may reach; ``None``: no limit.
+    - ``headroom``: a fraction of the budget to hold back (``None``: nothing).
+    - ``solver``: a name from :func:`remat.solvers.names`.
+    - ``time_limit_s``: per solve; the best plan found by then is used.
+    """
+
+    budget_bytes: int | None = None
+    headroom: float | None = None
+    solver: str = "ilp"
+    time_limit_s: float = 30.0
+
+    @property
+    def target(self) -> int | None:
+        """The peak the plan itself must fit: the budget less the headroom fraction."""
+        if self.budget_bytes is None:
+            return None
+        return int(self.budget_bytes * (1 - self.headroom)) if self.headroom else self.budget_bytes
+
+    @property
+    def config(self) -> ILPConfig:
+        return ILPConfig(time_limit_s=self.time_limit_s)
+
+
+class Once(Generic[T]):
+    """``fn()`` run on the first call and remembered; ``done`` says whether it ran."""
+
+    def __init__(self, fn: Callable[[], T]) -> None:
+        self.fn = fn
+        self.done = False
+        self.value: T | None = None
+
+    def __call__(self) -> T:
+        if not self.done:
+            self.value, self.done = self.fn(), True
+        return self.value  # type: ignore[return-value]
+
+
+Lowest = Once[Solution]  # the smallest-peak plan, solved on the first call
+
+
+def lowest_of(problem: Problem, request: Request) -> Lowest:
+    """The smallest-peak plan of ``problem``, solved when first called."""
+    return Once(lambda: smallest_peak(problem, request.config))
+
+
+Extra = Sequence[Solution] | Callable[[], Sequence[Solution]]
+
+
+def solve(problem: Problem, request: Request, lowest: Lowest | None = None, *, target: int | None = None,
+          settle_for_lowest: bool = False, extra: Extra = ()) -> tuple[Solution, Solution]:
+    """(plan, store-all); raises :class:`BudgetError` below the smallest peak.
+
+    ``lowest``: the smallest-peak plan, called only where it is needed: a binding budget
+    (is it feasible?) or a failed solve (a fall-back). With no budget, or one at or above
+    store-all's peak, it is never solved. ``target``: the peak the plan must fit (default:
+    ``request.target``). ``settle_for_lowest``: below the smallest peak, return the
+    smallest-peak plan instead of raising (the caller judges it by its own account).
+    ``extra``: other valid plans (or a function making them, called only when the budget
+    binds: unbound, the solver's plan is the fastest), taken where they fit and are faster.
+    """
+    budget = request.target if target is None else target
+    kept_all = store_all(problem)
+    lowest = lowest or lowest_of(problem, request)
+    # store-all's peak is at least the smallest: only a budget below it can be infeasible
+    if budget is not None and budget < kept_all.peak_bytes and budget < lowest().peak_bytes:
+        if settle_for_lowest:
+            note = "below the model's smallest peak: the smallest-peak plan, judged by its compiled program"
+            return replace(lowest(), notes=(*lowest().notes, note)), kept_all
+        raise infeasible(problem, request.budget_bytes, lowest(), request.headroom)
+    # No plan holds more than keeping everything: a budget at or above that
+    # peak (or none) is never binding, and every such budget gets one plan.
+    cap = kept_all.peak_bytes if budget is None else min(budget, kept_all.peak_bytes)
+    plan = solve_or_fall_back(problem, cap, request, lowest)
+    if plan.status is Status.FEASIBLE:
+        gap = "unknown" if plan.gap is None else f"{plan.gap:.2%}"
+        note = (f"time limit of {request.time_limit_s:g} s reached: the best plan found "
+                f"(gap to optimal {gap}); raise time_limit_s for a faster one")
+        plan = replace(plan, notes=(*plan.notes, note))
+    if budget is None or budget >= kept_all.peak_bytes:
+        return plan, kept_all
+    return fastest_of(plan, extra() if callable(extra) else extra, cap), kept_all
+
+
+def fastest_of(plan: Solution, extra: Sequence[Solution], cap: int) -> Solution:
+    """``plan``, or an ``extra`` plan that fits ``cap`` and is faster under the model."""
+    better = [p for p in extra if p.peak_bytes <= cap and p.added_seconds < plan.added_seconds]
+    if not better:
+        return plan
+    best = min(better, key=lambda p: p.added_seconds)
+    note = f"the {best.solver} plan is faster under the model than the {plan.solver} plan found, and fits"
+    return replace(best, notes=(*best.notes, note))
+
+
+def smallest_peak(problem: Problem, config: ILPConfig) -> Solution:
+    """The min-peak ILP's plan, or store-all where that peaks lower (any valid plan
+    bounds the smallest peak; the ILP's may be time-limited); if the ILP fails,
+    the lowest cheap plan (an upper bound), noted."""
+    try:
+        return min(min_peak(problem, config=config), store_all(problem), key=lambda s: s.peak_bytes)
+    except Exception as exc:  # a solver fault must not lose the plan: see solve_or_fall_back
+        reason = f"the smallest-peak solve failed ({type(exc).__name__}: {exc})"
+        log.warning("remat: %s; the smallest feasible budget is a cheap plan's, an upper bound", reason)
+        plan = min(cheap_plans(problem, 0), key=lambda s: s.peak_bytes)
+        return replace(plan, status=Status.FALLBACK, notes=(*plan.notes, f"{reason}; bound from {plan.solver}"))
+
+
+def solve_or_fall_back(problem: Problem, cap: int, request: Request, lowest: Lowest) -> Solution:
+    """The chosen solver's plan within ``cap``; if the solver raises or its
+    plan does not fit, the fastest plan that fits among the cheap ones and
+    the smallest-peak plan ``lowest()``, with status FALLBACK and the reason noted.
+
+    Near the smallest peak the solver may stop at its time limit with no
+    plan, or (where a value's earliest starts merge into one segment) count
+    a plan above the exact memory, while ``lowest`` fits.
+    """
+    name = request.solver
+    kwargs = {"config": request.config} if name.startswith("ilp") else {}
+    cause: Exception | None = None
+    try:
+        plan = get(name).solve(problem, cap, **kwargs)
+        if plan.peak_bytes <= cap:
+            return plan
+        reason = (f"solver {name!r} found no plan within {format_bytes(cap)} (its plan peaks at "
+                  f"{format_bytes(plan.peak_bytes)})")
+    except Infeasible as exc:  # near the smallest peak: see the docstring
+        reason, cause = f"solver {name!r} found no plan within {format_bytes(cap)}", exc
+    except Exception as exc:  # any fault inside a solver library: never lose the step over it
+        reason, cause = f"solver {name!r} failed ({type(exc).__name__}: {exc})", exc
+    fits = [p for p in [*cheap_plans(problem, cap), lowest()] if p.peak_bytes <= cap]
+    if not fits:
+        raise PlanError(f"{reason}, and no cheap plan fits {format_bytes(cap)}: raise the budget, "
+                        f"or try another solver ({', '.join(available())})") from cause
+    plan = min(fits, key=lambda s: s.added_seconds)
+    log.warning("remat: %s; using the %s plan", reason, plan.solver)
+    return replace(plan, status=Status.FALLBACK, notes=(*plan.notes, f"{reason}; used the {plan.solver} plan"))
+
+
+def cheap_plans(problem: Problem, budget: int) -> list[Solution]:
+    """Plans made without an ILP: store-all, greedy toward ``budget``, recompute-all."""
+    return [store_all(problem), greedy(problem, budget), recompute_all(problem)]
+
+
+# --- another partitioner's plan in remat's model -------------------------------
+
+
+def kept_in_model(problem: Problem, saved: Collection[str]) -> frozenset[str]:
+    """Another partitioner's saved set in the model's terms.
+
+    It may save a view; keeping a view keeps its base's storage, which is what the
+    model's plan says when it keeps the base. Names the model does not plan are dropped.
+    """
+    values = problem.by_name()
+    kept = set()
+    for name in saved:
+        while name in values and not values[name].savable and values[name].operands:
+            name = values[name].operands[0]
+        if name in values and values[name].is_candidate and values[name].savable:
+            kept.add(name)
+    return frozenset(kept)
+
+
+def peer_plan(problem: Problem, saved: Collection[str], solver: str) -> Solution | None:
+    """Another partitioner's plan (its saved node names) as a Solution of the model, or
+    None where its peak is not expressible there (it recomputes a chain the model only
+    allows with an operand kept)."""
+    try:
+        return evaluate(problem, kept_in_model(problem, saved), solver=solver)
+    except InvalidPlan as exc:
+        log.debug("%s plan not expressible in the model: %s", solver, exc)
+        return None
+
+
+def score_peer(problem: Problem, saved: Collection[str], solver: str) -> tuple[int | None, float]:
+    """(peak, added seconds over store-all) of another partitioner's plan under remat's
+    model; the peak is None where the plan is not expressible (the time always has a value)."""
+    kept = kept_in_model(problem, saved)
+    seconds = added_seconds(problem, kept, closure(problem, kept)) - store_all(problem).added_seconds
+    plan = peer_plan(problem, saved, solver)
+    return (None if plan is None else plan.peak_bytes), seconds
+
+
+# --- the smallest feasible budget, and the error below it ----------------------
+
+
+def breakdown_at_peak(problem: Problem, solution: Solution) -> dict[str, int]:
+    """Bytes alive at the plan's peak step, by category, largest first. They sum to the
+    plan's peak: the same intervals as the simulator's timeline (``alive_at``)."""
+    line = solution.timeline or evaluate(problem, solution.saved).timeline
+    step = max(range(len(line)), key=line.__getitem__)
+    parts: dict[str, int] = defaultdict(int)
+    for value, why, nbytes in alive_at(problem, solution.saved, solution.recomputed, step):
+        parts[category(value, why, step)] += nbytes
+    parts["op workspace"] += problem.workspace_at(step)
+    return dict(sorted(((k, b) for k, b in parts.items() if b), key=lambda kv: -kv[1]))
+
+
+def category(value, why: str, step: int) -> str:
+    if value.kind is Kind.INPUT:
+        return "graph inputs (parameters, buffers, batch)"
+    if value.kind is Kind.BACKWARD:
+        return "backward values and gradients"
+    if why == "recomputed":
+        return "recomputed activations"
+    if why == "kept" and step > value.last_use:
+        return "kept activations that cannot be recomputed" if value.recompute_ban else "kept activations"
+    return "forward values in use"
+
+
+def min_budget_bytes(min_peak: int, headroom: float | None) -> int:
+    """The smallest budget whose planned part fits ``min_peak``, a ``headroom`` fraction held back."""
+    return math.ceil(min_peak / (1 - headroom)) if headroom else min_peak
+
+
+def min_budget_gb(nbytes: int) -> float:
+    """The smallest budget_gb, rounded up to 4 significant digits, that admits ``nbytes``.
+
+    >>> min_budget_gb(2**30 + 1)
+    1.001
+    """
+    gib = nbytes / GIB
+    scale = 10 ** (3 - math.floor(math.log10(gib))) if gib > 0 else 1
+    return math.ceil(gib * scale) / scale
+
+
+def infeasible(problem: Problem, budget: int, lowest: Solution, headroom: float | None) -> BudgetError:
+    """The error for ``budget`` below the model's smallest peak (``lowest``)."""
+    parts = breakdown_at_peak(problem, lowest)
+    top = ", ".join(f"{name} {format_bytes(b)}" for name, b in list(parts.items())[:3])
+    proven = lowest.status is Status.OPTIMAL
+    early = "" if proven else (f" The search for the minimum stopped early ({lowest.status.value}): "
+                               f"a longer time_limit_s may find a lower one.")
+    return budget_error(budget, min_budget_bytes(lowest.peak_bytes, headroom), headroom,
+                        f"at its smallest peak: {top}", proven=proven, tail=early)
+
+
+def budget_error(budget: int, smallest: int, headroom: float | None, why: str, *, proven: bool = True,
+                 under: str = "", tail: str = "") -> BudgetError:
+    """The one message for a budget below the smallest feasible one: what that is, why,
+    and what to do. ``under``: the compiler whose program was judged, if any."""
+    which = "the smallest feasible budget" if proven else "the smallest budget found feasible"
+    held = f", with {headroom:.0%} held back as headroom" if headroom else ""
+    where = f" under {under}" if under else ""
+    return BudgetError(
+        f"budget {format_bytes(budget)} is below {which} {format_bytes(smallest)} for this graph{where}"
+        f"{held} ({why}). Raise budget_gb to at least {min_budget_gb(smallest)!r}, "
+        f"or shrink the batch or sequence.{tail}",
+        budget_bytes=budget,
+        min_feasible_bytes=smallest,
+    )

@@ -1,0 +1,85 @@
+"""The layers import one way: solvers (torch-free) <- passes (torch, FX) <- remat (user-facing).
+
+Every import statement of every module is read (at module level or inside a function,
+``TYPE_CHECKING`` blocks included), so an upward import fails here, not by import order
+on some later day.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import remat
+import remat.passes
+import remat.solvers
+
+PACKAGES = {"remat": Path(remat.__file__).parent, "remat.passes": Path(remat.passes.__file__).parent,
+            "remat.solvers": Path(remat.solvers.__file__).parent}
+LAYER = {"remat.solvers": 0, "remat.passes": 1, "remat": 2}
+
+
+def layer_of(module: str) -> str | None:
+    """The layer a dotted module name belongs to; None outside remat."""
+    for package in ("remat.solvers", "remat.passes", "remat"):
+        if module == package or module.startswith(package + "."):
+            return package
+    return None
+
+
+def imported(path: Path, package: str) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in ``path``, a module of ``package``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: inside the module's own package (or above it)
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                module = f"{base}.{node.module}" if node.module else base
+                names = [f"{module}.{a.name}" for a in node.names] if not node.module else [module]
+                found += [(node.lineno, n) for n in names]
+            else:
+                # `from remat import solvers` imports the submodule, not the package's own names
+                subs = [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in PACKAGES]
+                found += [(node.lineno, n) for n in subs] if len(subs) == len(node.names) else \
+                    [(node.lineno, node.module or "")]
+    return found
+
+
+def modules() -> list[tuple[str, Path]]:
+    return [(package, path) for package, folder in PACKAGES.items() for path in sorted(folder.glob("*.py"))]
+
+
+@pytest.mark.parametrize(("package", "path"), modules(), ids=lambda p: p.name if isinstance(p, Path) else p)
+def test_no_module_imports_a_layer_above_its_own(package: str, path: Path) -> None:
+    upward = []
+    for line, module in imported(path, package):
+        target = layer_of(module)
+        if target is not None and LAYER[target] > LAYER[package]:
+            upward.append(f"{path.name}:{line} imports {module}")
+    assert not upward, f"{package} must not import a layer above it: {upward}"
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGES["remat.solvers"].glob("*.py")), ids=lambda p: p.name)
+def test_solvers_import_no_torch(path: Path) -> None:
+    heavy = [m for _, m in imported(path, "remat.solvers") if m.split(".")[0] in ("torch", "functorch")]
+    assert not heavy, f"solvers stay torch-free: {path.name} imports {heavy}"
+
+
+def test_report_imports_no_torch() -> None:
+    path = PACKAGES["remat"] / "report.py"
+    heavy = [m for _, m in imported(path, "remat") if m.split(".")[0] == "torch" or layer_of(m) == "remat.passes"]
+    assert not heavy, f"remat/report.py reads plain records only: it imports {heavy}"
+
+
+def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
+    """The walk itself: relative and absolute imports upward are both found."""
+    module = tmp_path / "m.py"
+    module.write_text("from remat.options import Options\nfrom ..report import Report\nimport torch\n"
+                      "from remat import solvers\nfrom remat import __version__\n")
+    found = {m for _, m in imported(module, "remat.passes")}
+    assert found == {"remat.options", "remat.report", "torch", "remat.solvers", "remat"}
+    assert {m: layer_of(m) for m in found}["remat.solvers"] == "remat.solvers"
