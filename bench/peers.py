@@ -22,19 +22,10 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from remat.passes import torch_adapter as adapter
+from remat.passes.taxonomy import saved_by_selective
 
 Run = Callable[..., torch.Tensor]
 BUDGET_FRACTIONS = (0.8, 0.5, 0.2, 0.0)
-
-# Megatron-style selective checkpointing: keep what the matmul-class ops
-# produce (including fused attention), recompute everything else.
-_MATMUL_NAMES = (
-    "mm", "addmm", "bmm", "baddbmm", "convolution", "_scaled_dot_product_flash_attention",
-    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-    "_scaled_dot_product_flash_attention_for_cpu", "_flash_attention_forward", "_efficient_attention_forward",
-)
-MATMUL_OPS = frozenset(getattr(torch.ops.aten, n) for n in _MATMUL_NAMES if hasattr(torch.ops.aten, n))
-
 
 def blocks_of(model: nn.Module) -> nn.ModuleList | nn.Sequential:
     """The model's repeated blocks: ``model.blocks`` (every zoo model, and the HF wrappers)."""
@@ -46,8 +37,7 @@ def blocks_of(model: nn.Module) -> nn.ModuleList | nn.Sequential:
 
 def save_matmuls(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
     """Selective-checkpoint policy: save matmul-class outputs, recompute the rest."""
-    packet = getattr(op, "overloadpacket", op)
-    return CheckpointPolicy.MUST_SAVE if packet in MATMUL_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+    return CheckpointPolicy.MUST_SAVE if saved_by_selective(op) else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 class Checkpointed(nn.Module):

@@ -32,19 +32,14 @@ import torch.fx as fx
 from torch.utils._pytree import tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
-from remat.progress import progress
+from .progress import progress
 
 from . import torch_adapter as adapter
+from .taxonomy import is_alias, node_kind
 
 log = logging.getLogger(__name__)
 
 Mode = Literal["measure", "analytic"]
-_aten = torch.ops.aten
-# Reductions: Inductor fuses pointwise producers into their kernels.
-REDUCTIONS = frozenset({_aten.sum, _aten.mean, _aten.amax, _aten.amin, _aten.prod, _aten.var, _aten.var_mean,
-                        _aten.max, _aten.min, _aten.argmax, _aten.argmin, _aten.any, _aten.all, _aten.logsumexp})
-
-
 @dataclass(frozen=True)
 class DevicePeaks:
     """Throughputs for the analytic cost model (and to cost materialization)."""
@@ -101,57 +96,6 @@ def hint(size: int | torch.SymInt) -> int:
         node_hint = size.node.hint
         return int(node_hint) if node_hint is not None else 1
     return int(size)
-
-
-def node_kind(node: fx.Node) -> str:
-    if node.op == "placeholder":
-        return "input"
-    if node.target is operator.getitem:
-        return "getitem"
-    if is_random(node):
-        return "random"
-    if is_alias(node):
-        return "view"
-    if adapter.OP_TYPES.is_compute_intensive(node):
-        return "matmul"
-    if isinstance(node.meta.get("val"), (tuple, list)):
-        return "tuple"
-    if adapter.aten_packet(node) in REDUCTIONS:
-        return "reduction"
-    if adapter.OP_TYPES.is_fusible(node):
-        return "pointwise"
-    return "other"
-
-
-def is_random(node: fx.Node) -> bool:
-    if node.op != "call_function":
-        return False
-    tags = getattr(node.target, "tags", ())
-    if torch.Tag.nondeterministic_seeded in tags:
-        return dropout_probability(node) != 0
-    return node.target in adapter.random_op_targets() or adapter.OP_TYPES.is_random(node)
-
-
-def dropout_probability(node: fx.Node) -> float | None:
-    """``dropout_p`` of ops like SDPA that are random only when it is nonzero."""
-    schema = getattr(node.target, "_schema", None)
-    names = [a.name for a in schema.arguments] if schema is not None else []
-    if "dropout_p" not in names:
-        return None
-    if "dropout_p" in node.kwargs:
-        return node.kwargs["dropout_p"]
-    index = names.index("dropout_p")
-    return node.args[index] if index < len(node.args) else 0.0
-
-
-def is_alias(node: fx.Node) -> bool:
-    """Whether the node's output shares its first tensor argument's storage."""
-    if node.op != "call_function" or node.target is operator.getitem:
-        return False
-    schema = getattr(node.target, "_schema", None)
-    if schema is not None and any(r.alias_info is not None for r in schema.returns):
-        return True
-    return adapter.OP_TYPES.is_view(node)
 
 
 def multi_output_parent(node: fx.Node) -> fx.Node | None:
@@ -251,7 +195,7 @@ def count_flops(fn: Callable[[], Any]) -> float:
 def measure_workspace(fn: Callable[[], Any], device: torch.device, out_bytes: int) -> int:
     """Scratch bytes an op allocates beyond its outputs, at its peak."""
     if device.type != "cuda":
-        from remat.measure import cpu_step_peak
+        from .measure import cpu_step_peak
 
         # the smaller of two runs: a first call may allocate caches it keeps
         return max(0, min(cpu_step_peak(fn), cpu_step_peak(fn)) - out_bytes)
