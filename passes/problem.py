@@ -15,12 +15,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
-from torch.utils.checkpoint import CheckpointPolicy
 
 from remat.solvers.problem import Kind, Problem, Value
 
 from . import torch_adapter as adapter
 from .profile import DevicePeaks, NodeCost, device_of, multi_output_parent
+from .policies import Pin, Policy, Verdict, with_safety
+from .taxonomy import CATEGORY, classify
 
 # Recomputing a pointwise op that Inductor fuses into its consumer costs a
 # fraction of running it alone: its inputs are read anyway, its output is
@@ -146,20 +147,15 @@ def widen_need(base: dict, start: int, end: int) -> None:
     base["need_end"] = max(end, base.get("need_end") or 0)
 
 
-def recompute_ban(node: fx.Node, cost: NodeCost, costs: dict[str, NodeCost]) -> str | None:
+def verdict_of(node: fx.Node, policy: Policy, costs: dict[str, NodeCost]) -> Verdict | None:
+    """What ``policy`` pins for ``node``; an output of a multi-output op follows its op.
+    Views are never pinned: their base's decision is theirs."""
     parent = multi_output_parent(node)
-    if parent is not None and parent.name in costs:  # an output of a multi-output op
-        return recompute_ban(parent, costs[parent.name], costs)
-    if cost.kind == "random":
-        return "random op: recomputing it would draw new random numbers"
-    if node.meta.get("recompute") == CheckpointPolicy.MUST_SAVE:
-        return "checkpoint policy MUST_SAVE"
-    schema = getattr(node.target, "_schema", None)
-    if schema is not None and schema.is_mutable:
-        return "mutates its input"
-    if "c10d" in str(node.target):
-        return "collective"
-    return None
+    if parent is not None and parent.name in costs:
+        return verdict_of(parent, policy, costs)
+    if costs[node.name].kind == "view":
+        return None
+    return policy(node)
 
 
 def reads_any(node: fx.Node, names: set[str], costs: dict[str, NodeCost]) -> bool:
@@ -183,6 +179,8 @@ def ban_reading_written_inputs(fields: dict[fx.Node, dict], written: set[str], c
     for node, field in fields.items():
         if field.get("kind") is Kind.FORWARD and not field["recompute_ban"] and reads_any(node, written, costs):
             field["recompute_ban"] = "reads a buffer the forward updates in place"
+            # correctness over a policy's wish to recompute it: it must be kept
+            field["savable"] = is_tensor(node) and costs[node.name].kind != "view"
 
 
 def uses(node: fx.Node, order: Order, *, forward: bool) -> list[int]:
@@ -203,8 +201,9 @@ def cost_fields(cost: NodeCost, peaks: DevicePeaks, fusion: bool) -> dict:
 
 
 def forward_fields(node: fx.Node, costs: dict[str, NodeCost], order: Order, outputs: set[fx.Node],
-                   need: tuple[dict, dict]) -> dict:
+                   need: tuple[dict, dict], policy: Policy) -> dict:
     cost = costs[node.name]
+    verdict = verdict_of(node, policy, costs)
     fwd_uses = uses(node, order, forward=True)
     step = order.step_of[node]
     last_use = order.last if node in outputs else max(fwd_uses, default=step)
@@ -217,9 +216,9 @@ def forward_fields(node: fx.Node, costs: dict[str, NodeCost], order: Order, outp
         "direct_need": bool(uses(node, order, forward=False)),
         "direct_start": min(uses(node, order, forward=False), default=None),
         "operands": tuple(a.name for a in node.all_input_nodes if a in order.forward),
-        "recompute_ban": recompute_ban(node, cost, costs),
+        "recompute_ban": verdict.reason if verdict is not None and verdict.pin is Pin.MUST_SAVE else None,
         "savable": is_tensor(node) and cost.kind != "view"
-        and node.meta.get("recompute") != CheckpointPolicy.MUST_RECOMPUTE,
+        and not (verdict is not None and verdict.pin is Pin.MUST_RECOMPUTE),
     }
 
 
@@ -344,17 +343,21 @@ def placeholder_value(node: fx.Node, cost: NodeCost, order: Order) -> Value:
     if adapter.is_tangent(node):
         first_backward = len(order.forward)
         return Value(name=node.name, kind=Kind.BACKWARD, bytes=cost.bytes, produced=min(first_backward, order.last),
-                     last_use=order.last, op="tangent")
-    return Value(name=node.name, kind=Kind.INPUT, bytes=cost.bytes, produced=0, last_use=order.last, op="input")
+                     last_use=order.last, op="tangent", category="gradient")
+    return Value(name=node.name, kind=Kind.INPUT, bytes=cost.bytes, produced=0, last_use=order.last, op="input",
+                 category="input")
 
 
 def build_problem(graph: fx.Graph, node_info: adapter.NodeInfo, costs: dict[str, NodeCost], *,
-                  fusion: bool = False) -> Problem:
+                  fusion: bool = False, policy: Policy | None = None) -> Problem:
     """The whole joint graph as plain data for the solvers.
 
     With ``fusion`` (Inductor compiles the graphs), values Inductor never
-    materializes hold no bytes outside the keep/recompute decisions.
+    materializes hold no bytes outside the keep/recompute decisions. ``policy`` pins
+    decisions (after ``policies.SAFETY``, which always applies).
     """
+    policy = with_safety(policy)
+    classify(graph)
     order = fixed_order(graph, node_info)
     outputs = output_nodes(graph)
     peaks = DevicePeaks.for_device(device_of(graph))
@@ -364,8 +367,9 @@ def build_problem(graph: fx.Graph, node_info: adapter.NodeInfo, costs: dict[str,
     for node in problem_nodes(graph, order):
         cost = costs[node.name]
         base = {"name": node.name, "bytes": cost.bytes, "produced": produced_at(node, order), **cost_fields(cost, peaks, fusion)}
-        base["op"] = str(node.target)
-        extra = forward_fields(node, costs, order, outputs, need) if node in order.forward else backward_fields(node, order, outputs)
+        base["op"], base["category"] = str(node.target), node.meta[CATEGORY]
+        extra = forward_fields(node, costs, order, outputs, need, policy) if node in order.forward \
+            else backward_fields(node, order, outputs)
         fields[node] = {**base, **extra}
     ban_reading_written_inputs(fields, adapter.mutated_inputs(graph), costs)
     owners = {n: storage_owner(n, costs, by_name) for n in fields}

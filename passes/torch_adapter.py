@@ -220,6 +220,18 @@ def is_tangent(node: fx.Node) -> bool:
     return node.op == "placeholder" and "tangents" in str(node.target)
 
 
+def recompute_tag(node: fx.Node) -> str | None:
+    """The selective-checkpoint tag torch's tracing put on ``node`` ("must_save",
+    "prefer_save", "must_recompute" or "prefer_recompute"), or None."""
+    tag = node.meta.get("recompute")
+    return None if tag is None else getattr(tag, "name", str(tag)).lower()
+
+
+def is_collective(node: fx.Node) -> bool:
+    """A distributed collective (functional or in-place c10d op)."""
+    return node.op == "call_function" and "c10d" in str(node.target)
+
+
 def random_op_targets() -> frozenset[Any]:
     """Ops whose recomputation would draw fresh random numbers."""
     extra = []

@@ -16,10 +16,11 @@ from .budget import budget_bytes
 from .errors import BudgetError, GraphError, PlanError, SolverUnavailable
 from .frontier import Frontier, sweep
 from .options import Options
+from . import policies
 from .report import NodeRow, Report
 
 _register()
 
 __all__ = ["BudgetError", "Frontier", "GraphError", "NodeRow", "Options", "PlanError", "Report", "SolverUnavailable",
-           "budget_bytes", "compile", "plan", "reports", "sweep"]
+           "budget_bytes", "compile", "plan", "policies", "reports", "sweep"]
 __version__ = "0.1.0"

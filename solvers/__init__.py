@@ -27,7 +27,7 @@ name through ``get``.
 True
 """
 
-from .baselines import greedy, recompute_all, store_all
+from .baselines import greedy, recompute_all, save_matmuls, store_all
 from .errors import Infeasible, InvalidPlan, NoPlanFound, SolverUnavailable
 from .ilp import ILPConfig, min_peak, solve_ilp
 from .problem import Kind, Problem, Value
@@ -59,6 +59,7 @@ __all__ = [
     "names",
     "recompute_all",
     "register",
+    "save_matmuls",
     "solve_ilp",
     "store_all",
     "timeline",

@@ -55,6 +55,29 @@ def recompute_all(problem: Problem) -> Solution:
     return _timed(evaluate(problem, saved, solver="recompute-all"), start)
 
 
+# What Megatron-style selective checkpointing keeps (categories of ``Value.category``).
+MATMUL_CLASS = frozenset({"matmul", "attention", "convolution"})
+
+
+def save_matmuls(problem: Problem) -> Solution:
+    """Megatron-style selective checkpointing in the model: keep matmul-class outputs (and
+    what cannot be recomputed), recompute everything else the backward needs."""
+    start = time.perf_counter()
+    can_recompute = recomputable(problem)
+
+    def keep(value: Value) -> bool:
+        if value.category in MATMUL_CLASS and value.savable:
+            return True
+        if value.name in can_recompute:
+            return False
+        if not value.savable:
+            raise InvalidPlan(f"{value.name} can be neither kept (a view) nor recomputed")
+        return True
+
+    saved = _walk_saved(problem, keep)
+    return _timed(evaluate(problem, saved, solver="save-matmuls"), start)
+
+
 def _walk_saved(problem: Problem, keep: Callable[[Value], bool]) -> frozenset[str]:
     """Walk back from what the backward reads: kept values stop the walk,
     recomputed ones continue into their operands."""
