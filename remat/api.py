@@ -12,9 +12,10 @@ import torch
 from remat.passes import torch_adapter as adapter
 from remat.passes.partition import PlanComplete
 
-from .backend import _BACKEND_REPORTS, RematBackend
+from .backend import RematBackend, named_reports
 from .errors import BudgetError, GraphError, PlanError, SolverUnavailable
 from .options import Options
+from .policies import Policy
 from .report import Report
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -23,15 +24,15 @@ _BACKENDS: weakref.WeakKeyDictionary[Any, RematBackend] = weakref.WeakKeyDiction
 
 def compile(model: F, budget_gb: float | None = None, *, solver: str = "ilp", time_limit_s: float = 30.0,
             profile: str = "measure", compiler: str = "inductor", headroom: float | None = None,
-            plan_cache: bool | str = True, dynamic: bool | None = None, fullgraph: bool = False) -> F:
+            plan_cache: bool | str = True, policy: Policy | str | None = None, dynamic: bool | None = None,
+            fullgraph: bool = False) -> F:
     """``torch.compile`` whose partitioner fits each graph's step in ``budget_gb`` GiB.
 
     Raises :class:`remat.BudgetError` at the first call if the budget is below
     what any plan reaches. ``remat.reports(compiled)`` lists one Report per
     compiled graph.
     """
-    options = Options(budget_gb=budget_gb, solver=solver, time_limit_s=time_limit_s,
-                      profile=profile, compiler=compiler, headroom=headroom, plan_cache=plan_cache)
+    options = Options.pick(locals())
     backend = RematBackend(options)
     compiled = torch.compile(model, backend=backend, dynamic=dynamic, fullgraph=fullgraph)
     if isinstance(compiled, torch.nn.Module):
@@ -83,7 +84,7 @@ def reports(compiled: Any = None) -> list[Report]:
     """Reports of ``compiled`` (from ``remat.compile``); without it, every
     report made through ``backend="remat"`` in this process."""
     if compiled is None:
-        return list(_BACKEND_REPORTS)
+        return named_reports()
     backend = _BACKENDS.get(compiled)
     if backend is None:
         raise ValueError("reports() takes what remat.compile returned; for backend='remat' call remat.reports()")
@@ -92,7 +93,8 @@ def reports(compiled: Any = None) -> list[Report]:
 
 def plan(model: Callable[..., Any], *inputs: Any, budget_gb: float | None = None, solver: str = "ilp",
          time_limit_s: float = 30.0, profile: str = "measure", compiler: str = "inductor",
-         headroom: float | None = None, plan_cache: bool | str = True) -> Report:
+         headroom: float | None = None, plan_cache: bool | str = True,
+         policy: Policy | str | None = None) -> Report:
     """Plan ``model(*inputs)`` under ``budget_gb`` and return the Report.
 
     No training step runs and no parameter, buffer or gradient changes:
@@ -100,8 +102,7 @@ def plan(model: Callable[..., Any], *inputs: Any, budget_gb: float | None = None
     must match the one the model will be compiled with: Inductor's joint
     graph is decomposed further and its fusion changes what is allocated.
     """
-    options = Options(budget_gb=budget_gb, solver=solver, time_limit_s=time_limit_s, profile=profile,
-                      compiler=compiler, headroom=headroom, plan_cache=plan_cache)
+    options = Options.pick(locals())
     backend = RematBackend(options, stop_after_plan=True)
     try:
         torch.compile(model, backend=backend)(*inputs)

@@ -120,8 +120,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
     import remat
 
     model, inputs = load_model(args)
-    report = remat.plan(model, *inputs, budget_gb=args.budget_gb, compiler=args.compiler,
-                        solver=args.solver, time_limit_s=args.time_limit_s)
+    report = remat.plan(model, *inputs, **option_values(args))
     print(report.to_json(indent=2) if args.json else report.summary())
 
 
@@ -129,8 +128,8 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     import remat
 
     model, inputs = load_model(args)
-    frontier = remat.sweep(model, *inputs, budgets=args.budgets_gb, points=args.points, compiler=args.compiler,
-                           solver=args.solver, time_limit_s=args.time_limit_s, measure=args.measure)
+    frontier = remat.sweep(model, *inputs, budgets=args.budgets_gb, points=args.points, measure=args.measure,
+                           **option_values(args))
     print(frontier.to_markdown())
     if args.out is None:
         return
@@ -163,9 +162,37 @@ def model_arguments(command: argparse.ArgumentParser) -> None:
     command.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                          help="any config field of a built-in model")
     command.add_argument("--device", default="cpu", help="device of a built-in model (default: cpu)")
-    command.add_argument("--compiler", default="inductor", choices=["inductor", "eager"])
-    command.add_argument("--solver", default="ilp")
-    command.add_argument("--time-limit-s", type=float, default=30.0, help="per solve")
+
+
+# The options are remat.Options' fields (one definition); here only how each is typed on a command line.
+OPTION_FLAGS: dict[str, dict[str, Any]] = {
+    "budget_gb": {"type": float, "metavar": "GIB", "help": "omit for no limit"},
+    "solver": {"metavar": "NAME", "help": "a solver name (remat.solvers.names()); default ilp"},
+    "time_limit_s": {"type": float, "metavar": "S", "help": "per solve; default 30"},
+    "profile": {"choices": ["measure", "analytic"]},
+    "compiler": {"choices": ["inductor", "eager"]},
+    "headroom": {"type": float, "metavar": "FRACTION", "help": "of the budget, held back; default none"},
+    "plan_cache": {"type": lambda text: {"on": True, "off": False}.get(text, text), "metavar": "on|off|DIR",
+                   "help": "default on"},
+    "policy": {"metavar": "NAME", "help": "pin decisions by a built-in policy (remat.policies), e.g. save-matmuls"},
+}
+
+
+def option_arguments(command: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -> None:
+    """A flag for each of remat.Options' fields, defaulting to the field's default."""
+    from .options import Options
+
+    defaults = Options().kwargs()
+    for name in Options.names():
+        if name not in skip:
+            command.add_argument("--" + name.replace("_", "-"), dest=f"option_{name}", default=defaults[name],
+                                 **OPTION_FLAGS[name])
+
+
+def option_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The options given on the command line (each flag's value or its default), by name."""
+    prefix = "option_"
+    return {key[len(prefix):]: value for key, value in vars(args).items() if key.startswith(prefix)}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -175,11 +202,12 @@ def parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="command", required=True, parser_class=Parser)
     plan = sub.add_parser("plan", help="plan a model under a budget and print the report")
     model_arguments(plan)
-    plan.add_argument("--budget-gb", type=float, default=None, help="GiB; omit for no limit")
+    option_arguments(plan)
     plan.add_argument("--json", action="store_true", help="the whole report as JSON")
     plan.set_defaults(run=cmd_plan)
     sweep = sub.add_parser("sweep", help="plan a model at several budgets; print and write the frontier")
     model_arguments(sweep)
+    option_arguments(sweep, skip=("budget_gb", "plan_cache"))
     sweep.add_argument("--points", type=int, default=6,
                        help="budgets from the smallest feasible to store-all (default: 6)")
     sweep.add_argument("--budgets-gb", type=budget_list, metavar="GB,GB,...", help="these budgets instead")

@@ -8,6 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from remat import solvers
+from remat.passes.plan_cache import cache_dir
+from remat.passes.policies import Policy, policy_named
+from remat.passes.request import PlanRequest
+from remat.solvers.plan import Request
 
 from .budget import budget_bytes
 
@@ -36,6 +40,10 @@ class Options:
     - ``plan_cache``: ``True`` (default) keeps plans on disk, so a graph
       compiled again skips the solve; a folder path keeps them there;
       ``False`` turns it off (see ``remat.passes.plan_cache``).
+    - ``policy``: decisions to pin before the solve (``remat.policies``: a
+      :class:`~remat.policies.Policy`, or a built-in one's name such as
+      ``"save-matmuls"``); the ILP decides the rest. ``None``: the ILP decides all
+      (random ops, mutations and untagged collectives are always kept).
     """
 
     budget_gb: float | None = None
@@ -45,6 +53,7 @@ class Options:
     compiler: str = "inductor"
     headroom: float | None = None
     plan_cache: bool | str | os.PathLike[str] = True
+    policy: Policy | str | None = None
 
     def __post_init__(self) -> None:
         if self.headroom is not None and not (isinstance(self.headroom, (int, float)) and 0 <= self.headroom < 1):
@@ -59,10 +68,30 @@ class Options:
         if not isinstance(self.plan_cache, (bool, str, os.PathLike)):
             raise ValueError(f"plan_cache must be True, False or a folder path, not {self.plan_cache!r}")
         solvers.get(self.solver)  # an unknown or uninstalled solver is named now, not at the first call
+        policy_named(self.policy)  # validates
 
     @property
     def budget_bytes(self) -> int | None:
         return budget_bytes(self.budget_gb)
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """The option names, in order: the one list ``compile``, ``plan``, ``sweep`` and the CLI take."""
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def pick(cls, arguments: Mapping[str, object]) -> Options:
+        """The Options among ``arguments`` (a function's ``locals()``): its other names ignored."""
+        return cls(**{name: arguments[name] for name in cls.names() if name in arguments})  # type: ignore[arg-type]
+
+    def kwargs(self) -> dict[str, object]:
+        """Every option by name, to pass on (``remat.compile(model, **options.kwargs())``)."""
+        return {name: getattr(self, name) for name in self.names()}
+
+    def request(self) -> PlanRequest:
+        """The plain request the passes plan from."""
+        solve = Request(self.budget_bytes, self.headroom, self.solver, self.time_limit_s)
+        return PlanRequest(solve, self.profile, self.compiler, cache_dir(self.plan_cache), policy_named(self.policy))
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, object] | None) -> Options:
