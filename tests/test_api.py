@@ -102,10 +102,19 @@ def test_report_is_data_first() -> None:
 
 
 def test_backend_by_name_in_process() -> None:
+    """remat.reports() is process-wide and earlier tests may have filled it: the compile must add
+    exactly one report, this graph's (its budget), and leave the earlier ones as they were."""
     model, inputs = build("gpt")
-    compiled = torch.compile(model, backend="remat", options={"compiler": "eager"})
+    before = remat.reports()
+    compiled = torch.compile(model, backend="remat", options={"compiler": "eager", "budget_gb": 0.75})
     compiled(*inputs).backward()
-    assert remat.reports()[-1].solver_status in ("optimal", "feasible")
+    after = remat.reports()
+    assert len(after) == len(before) + 1 and all(a is b for a, b in zip(after, before))
+    report = after[-1]
+    assert report.budget_bytes == int(0.75 * GIB)
+    assert report.solver_status in ("optimal", "feasible")
+    assert report.realized_peak_bytes <= report.predicted_peak_bytes <= report.budget_bytes
+    assert all(p.grad is not None for p in model.parameters())
 
 
 def test_backend_by_name_without_importing_remat() -> None:
