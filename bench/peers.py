@@ -27,6 +27,19 @@ from remat.passes.taxonomy import saved_by_selective
 Run = Callable[..., torch.Tensor]
 BUDGET_FRACTIONS = (0.8, 0.5, 0.2, 0.0)
 
+def torch_memory_budget(budget: float, solver: str = "dp") -> contextlib.AbstractContextManager[None]:
+    """``torch.compile``'s own memory-budget partitioner: ``budget`` is torch's fraction (1.0 = its
+    min-cut default, 0.0 = recompute all it can); ``solver`` one of torch's ("dp", "greedy", "ilp")."""
+    return adapter.functorch_settings(activation_memory_budget=budget, activation_memory_budget_solver=solver)
+
+
+def torch_budget_solvers() -> list[str]:
+    """torch's memory-budget solvers usable here (its ILP needs scipy)."""
+    import importlib.util
+
+    return ["dp", "greedy"] + (["ilp"] if importlib.util.find_spec("scipy") else [])
+
+
 def blocks_of(model: nn.Module) -> nn.ModuleList | nn.Sequential:
     """The model's repeated blocks: ``model.blocks`` (every zoo model, and the HF wrappers)."""
     blocks = getattr(model, "blocks", None)
@@ -84,7 +97,7 @@ class Peer:
             if self.checkpoint:
                 stack.enter_context(checkpointed_blocks(model, selective=self.checkpoint == "selective"))
             if self.budget is not None:
-                stack.enter_context(adapter.torch_memory_budget(self.budget, self.budget_solver))
+                stack.enter_context(torch_memory_budget(self.budget, self.budget_solver))
             adapter.reset_compiled()
             yield torch.compile(model, backend=backend) if self.compiled else model
             adapter.reset_compiled()
@@ -94,7 +107,7 @@ def all_peers() -> list[Peer]:
     """Every peer the issue names, torch's ILP budget solver only where scipy is installed."""
     peers = [Peer("eager store-all", False), Peer("eager checkpoint per block", False, "block"),
              Peer("compile default", True)]
-    solvers = ["dp"] + [s for s in adapter.torch_budget_solvers() if s == "ilp"]
+    solvers = ["dp"] + [s for s in torch_budget_solvers() if s == "ilp"]
     peers += [Peer(f"compile budget {f} ({s})", True, budget=f, budget_solver=s)
               for s in solvers for f in BUDGET_FRACTIONS]
     peers += [Peer("compile checkpoint per block", True, "block"),

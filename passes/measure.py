@@ -10,15 +10,12 @@ Inductor's buffers too.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import sys
-import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+
+from . import torch_adapter as adapter
 
 
 def tensor_bytes(tensors: Iterable[Any]) -> int:
@@ -61,41 +58,8 @@ def cuda_step_peak(step: Callable[[], Any], device: torch.device) -> int:
     return torch.cuda.max_memory_allocated(device) - before
 
 
-@contextlib.contextmanager
-def quiet_stderr() -> Iterator[None]:
-    """Close the process's stderr for the block: kineto prints a line on every
-    profiler start and stop, from C++, that no setting turns off."""
-    sys.stderr.flush()
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(devnull)
-        os.close(saved)
-
-
 def cpu_step_peak(step: Callable[[], Any]) -> int:
-    from torch.profiler import ProfilerActivity, profile
-
-    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-    with quiet_stderr():
-        prof.start()
-    try:
-        step()
-    finally:
-        with quiet_stderr():
-            prof.stop()
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            events = json.load(f)["traceEvents"]
-    finally:
-        os.unlink(path)
-    memory = [e["args"] for e in events if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0]
+    memory = adapter.cpu_memory_events(step)
     if not memory:
         return 0
     # "Total Allocated" counts from where an earlier profiling session left

@@ -69,7 +69,7 @@ def _random(node: fx.Node) -> Verdict | None:
 
 
 def _mutation(node: fx.Node) -> Verdict | None:
-    schema = getattr(node.target, "_schema", None)
+    schema = adapter.op_schema(node)
     return Verdict(Pin.MUST_SAVE, "mutates its input") if schema is not None and schema.is_mutable else None
 
 

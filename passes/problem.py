@@ -237,13 +237,16 @@ def problem_nodes(graph: fx.Graph, order: Order) -> Iterable[fx.Node]:
 
 
 # Inductor's realization heuristic for a pointwise value read more than once
-# (``StorageBox.should_realize_on_reuse``, unchanged from torch 2.11 to 2.14):
-# it is written to memory when its inlined body reads more than 4 buffers,
-# exceeds 30 ops, or, on the CPU, uses an op Inductor deems heavy; otherwise
-# every reader recomputes it inline and no buffer is ever allocated.
+# (``StorageBox.should_realize_on_reuse``): it is written to memory when its inlined
+# body reads more than ``reads`` buffers, counts more than ``ops`` ops (each buffer
+# load is one), or, on the CPU, uses an op Inductor deems heavy; otherwise every
+# reader recomputes it inline and no buffer is ever allocated. A body reading more
+# than ``acc_reads`` buffers is realized whatever its readers. The limits are read
+# from this torch's Inductor config (``torch_adapter.realize_thresholds``): torch
+# 2.13 raised the CPU ones. The defaults below are torch 2.11's, on any device.
 REALIZE_READS = 4
 REALIZE_OPS = 30
-REALIZE_ACC_READS = 8  # a body reading more than this is realized whatever its readers
+REALIZE_ACC_READS = 8
 CPU_HEAVY_OPS = frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"})
 
 
@@ -267,11 +270,12 @@ def inlined_values(steps: list[fx.Node], costs: dict[str, NodeCost], outputs: se
 
     A value is realized when a reader is not pointwise or a reduction (a matmul,
     an extern kernel, a view), when it leaves the graph, when its body grows past
-    ``REALIZE_ACC_READS`` reads, or when it has several readers and its body
+    the accumulated-reads limit, or when it has several readers and its body
     trips Inductor's reuse heuristic. Readers outside ``steps`` count as
     non-fusing readers (the value crosses graphs), except for values in
     ``across``, whose outside readers read a kept or recomputed copy."""
     inside = set(steps)
+    max_reads, max_ops, max_acc_reads = adapter.realize_thresholds(cpu)
     bodies: dict[fx.Node, Inline] = {}
     for node in steps:
         if costs.get(node.name) is None or costs[node.name].kind != "pointwise" or node in outputs:
@@ -280,9 +284,10 @@ def inlined_values(steps: list[fx.Node], costs: dict[str, NodeCost], outputs: se
         users = [u for u in node.users if u in inside or node not in across]
         fusing = all(u in inside and costs.get(u.name) is not None
                      and costs[u.name].kind in ("pointwise", "reduction") for u in users)
-        if not fusing or len(body.reads) > REALIZE_ACC_READS:
+        if not fusing or len(body.reads) > max_acc_reads:
             continue
-        if len(users) > 1 and (body.ops > REALIZE_OPS or len(body.reads) > REALIZE_READS or (cpu and body.heavy)):
+        opcount = body.ops + len(body.reads)  # Inductor counts each load as an op
+        if len(users) > 1 and (opcount > max_ops or len(body.reads) > max_reads or (cpu and body.heavy)):
             continue
         bodies[node] = body
     return set(bodies)

@@ -29,7 +29,6 @@ from typing import Any, Literal
 
 import torch
 import torch.fx as fx
-from torch.utils._pytree import tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
 from .progress import progress
@@ -92,10 +91,7 @@ def storage_bytes(val: Any) -> int:
 
 def hint(size: int | torch.SymInt) -> int:
     """A symbolic size's example value, read without adding a guard."""
-    if isinstance(size, torch.SymInt):
-        node_hint = size.node.hint
-        return int(node_hint) if node_hint is not None else 1
-    return int(size)
+    return int(adapter.size_hint(size))
 
 
 def multi_output_parent(node: fx.Node) -> fx.Node | None:
@@ -124,7 +120,7 @@ def first_tensor_arg(node: fx.Node) -> fx.Node | None:
 def concrete(val: Any) -> Any:
     """A real value shaped like a fake one (symbolic sizes take their hints)."""
     if isinstance(val, torch.SymInt | torch.SymFloat | torch.SymBool):
-        return type(val.node.hint)(val.node.hint) if val.node.hint is not None else 1
+        return adapter.size_hint(val)
     if not isinstance(val, torch.Tensor):
         return val
     shape = [hint(s) for s in val.shape]
@@ -151,7 +147,7 @@ def materialize_args(node: fx.Node, *, meta: bool = False) -> tuple[tuple, dict]
             return concrete(val)
         return arg
 
-    return tree_map(real, node.args), tree_map(real, node.kwargs)
+    return adapter.tree_map(real, node.args), adapter.tree_map(real, node.kwargs)
 
 
 def cache_key(node: fx.Node) -> tuple:
@@ -163,7 +159,7 @@ def cache_key(node: fx.Node) -> tuple:
             return ("V", str(val))
         return repr(arg)
 
-    return (str(node.target), repr(tree_map(describe, node.args)), repr(tree_map(describe, node.kwargs)))
+    return (str(node.target), repr(adapter.tree_map(describe, node.args)), repr(adapter.tree_map(describe, node.kwargs)))
 
 
 def time_call(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:

@@ -66,14 +66,16 @@ def is_random(node: fx.Node) -> bool:
 
 
 def dropout_probability(node: fx.Node) -> float | None:
-    """``dropout_p`` of ops like SDPA that are random only when it is nonzero."""
-    schema = getattr(node.target, "_schema", None)
+    """The drop probability of ops that are random only when it is nonzero: ``dropout_p`` (SDPA
+    and other attention kernels) or, for dropout itself, ``p``. None for other ops."""
+    schema = adapter.op_schema(node)
     names = [a.name for a in schema.arguments] if schema is not None else []
-    if "dropout_p" not in names:
+    name = "dropout_p" if "dropout_p" in names else "p" if "dropout" in op_name(node.target) and "p" in names else None
+    if name is None:
         return None
-    if "dropout_p" in node.kwargs:
-        return node.kwargs["dropout_p"]
-    index = names.index("dropout_p")
+    if name in node.kwargs:
+        return node.kwargs[name]
+    index = names.index(name)
     return node.args[index] if index < len(node.args) else 0.0
 
 
@@ -81,7 +83,7 @@ def is_alias(node: fx.Node) -> bool:
     """Whether the node's output shares its first tensor argument's storage."""
     if node.op != "call_function" or node.target is operator.getitem:
         return False
-    schema = getattr(node.target, "_schema", None)
+    schema = adapter.op_schema(node)
     if schema is not None and any(r.alias_info is not None for r in schema.returns):
         return True
     return adapter.OP_TYPES.is_view(node)

@@ -34,7 +34,6 @@ __all__ = [
     "ChooseSaved",
     "NodeInfo",
     "OP_TYPES",
-    "compile_eager",
     "compile_inductor",
     "is_sym_node",
     "min_cut_saved_values",
@@ -121,70 +120,14 @@ def ambient_state() -> Callable[[], contextlib.AbstractContextManager[None]]:
     return restore
 
 
-def traced_layout(value: Any, traced: Any) -> Any:
-    """``value`` with the strides it was traced with (a copy where the kernel chose others)."""
-    if isinstance(value, (tuple, list)) and isinstance(traced, (tuple, list)) and len(value) == len(traced):
-        return type(value)(traced_layout(v, t) for v, t in zip(value, traced))
-    if not (isinstance(value, torch.Tensor) and isinstance(traced, torch.Tensor)) or value.dim() < 2:
-        return value
-    if any(isinstance(s, torch.SymInt) for s in (*traced.shape, *traced.stride())):
-        return value
-    stride = tuple(traced.stride())
-    if tuple(value.stride()) == stride or tuple(value.shape) != tuple(traced.shape) or value._base is not None:
-        return value
-    return torch.empty_strided(value.shape, stride, dtype=value.dtype, device=value.device).copy_(value)
-
-
-class TracedLayoutInterpreter(fx.Interpreter):
-    """Runs a graph op by op, keeping every output in the layout it was traced with.
-
-    Some CPU kernels (batch norm, layer norm's backward) return contiguous
-    outputs where their fake kernels keep the input's strides; a ``view``
-    traced on the fake layout then fails on the real one (torch's own
-    ``aot_eager`` backend fails the same way).
-    """
-
-    def run_node(self, n: fx.Node) -> Any:
-        result = super().run_node(n)
-        return traced_layout(result, n.meta.get("val")) if n.op == "call_function" else result
-
-
-def compile_eager(
-    gm: fx.GraphModule, example_inputs: Sequence[Any], *, on_graph: GraphHook
-) -> Callable[..., Any]:
-    """Decompose and partition like Inductor would, then run both graphs op by op.
-
-    No fusion: every intermediate is materialized, which is exactly what the
-    memory model assumes. Used for debugging and for exact memory checks.
-    Inductor's decompositions also replace aten kernels whose real strides
-    differ from their fake ones (CPU batch norm); like Inductor's, they draw
-    dropout masks with aten's random ops only under ``fallback_random``.
-    """
-
-    def compiler(kind: str) -> Callable[..., Any]:
-        def compile_graph(graph: fx.GraphModule, _inputs: Sequence[Any]) -> Any:
-            on_graph(graph, kind)
-
-            def run(args: list[Any]) -> Any:
-                # boxed: the argument list is cleared and every value freed after
-                # its last use, as Inductor's code does
-                return TracedLayoutInterpreter(graph, garbage_collect_values=True).boxed_run(args)
-
-            run._boxed_call = True  # type: ignore[attr-defined]
-            return run
-
-        return compile_graph
-
-    partition = functools.partial(
-        _partitioners.min_cut_rematerialization_partition, compiler="inductor"
-    )
+def aot_min_cut_backend(fw_compiler: Callable[..., Any], bw_compiler: Callable[..., Any]) -> Callable[..., Any]:
+    """An AOTAutograd backend that decomposes and partitions as Inductor does (its decomposition
+    table, torch's min-cut partitioner) and hands the two graphs to the given compilers."""
     from torch._inductor.decomposition import select_decomp_table
 
-    backend = aot_autograd(
-        fw_compiler=compiler("forward"), bw_compiler=compiler("backward"), partition_fn=partition,
-        decompositions=select_decomp_table(),
-    )
-    return backend(gm, example_inputs)
+    partition = functools.partial(_partitioners.min_cut_rematerialization_partition, compiler="inductor")
+    return aot_autograd(fw_compiler=fw_compiler, bw_compiler=bw_compiler, partition_fn=partition,
+                        decompositions=select_decomp_table())
 
 
 @contextlib.contextmanager
@@ -214,6 +157,27 @@ def reset_compiled() -> None:
     import torch._dynamo
 
     torch._dynamo.reset()
+
+
+def realize_thresholds(cpu: bool) -> tuple[int, int, int]:
+    """Inductor's reuse heuristic's limits on this torch, as its ``ir`` reads them: (reads, ops,
+    accumulated reads) past which a pointwise value read more than once is written to memory.
+    torch 2.13 has CPU-only op and accumulated-read limits (50 and 12); older ones use 30 and 8."""
+    c = inductor_config
+    ops = c.realize_opcount_threshold
+    if ops is None:
+        default = getattr(c, "_realize_opcount_threshold_default", 30)
+        ops = getattr(c, "realize_cpu_opcount_threshold", default) if cpu else default
+    acc = c.realize_acc_reads_threshold
+    if acc is None:
+        default = getattr(c, "_realize_acc_reads_threshold_default", 8)
+        acc = getattr(c, "realize_cpu_acc_reads_threshold", default) if cpu else default
+    return c.realize_reads_threshold, ops, acc
+
+
+def op_schema(node: fx.Node) -> Any:
+    """The ATen schema of a node's op (arguments, returns, mutability), or None for other targets."""
+    return getattr(node.target, "_schema", None) if node.op == "call_function" else None
 
 
 def is_tangent(node: fx.Node) -> bool:
@@ -266,57 +230,80 @@ def unwrap_backend_error(exc: BaseException) -> BaseException | None:
 
 
 @contextlib.contextmanager
-def torch_memory_budget(budget: float, solver: str = "dp") -> Iterator[None]:
-    """``torch.compile``'s own memory-budget partitioner, for side-by-side benchmarks.
-
-    ``budget`` is torch's fraction (1.0 = its min-cut default, 0.0 = recompute
-    all it can); ``solver`` is one of torch's: ``"dp"``, ``"greedy"``, ``"ilp"``
-    (needs scipy).
-    """
-    with functorch_config.patch(activation_memory_budget=budget, activation_memory_budget_solver=solver):
+def functorch_settings(**settings: Any) -> Iterator[None]:
+    """``torch._functorch.config`` patched for the block (e.g. torch's ``activation_memory_budget``)."""
+    with functorch_config.patch(**settings):
         yield
-
-
-def torch_budget_solvers() -> list[str]:
-    """torch's memory-budget solvers usable here (its ILP needs scipy)."""
-    import importlib.util
-
-    return ["dp", "greedy"] + (["ilp"] if importlib.util.find_spec("scipy") else [])
 
 
 @contextlib.contextmanager
-def aten_randomness() -> Iterator[None]:
-    """Inductor draws random numbers with aten's own ops (``fallback_random``),
-    so a compiled step's dropout masks equal eager's under the same seed."""
-    with inductor_config.patch(fallback_random=True):
+def inductor_settings(**settings: Any) -> Iterator[None]:
+    """``torch._inductor.config`` patched for the block (e.g. ``fallback_random=True``: Inductor
+    draws random numbers with aten's ops, so compiled dropout masks equal eager's)."""
+    with inductor_config.patch(**settings):
         yield
 
 
-def capture_problem(exc: BaseException) -> tuple[str, str] | None:
-    """What stopped dynamo from capturing a graph for remat, when it is one of the
-    cases remat explains: ``("dynamic", sizes)`` when a size marked with
-    ``mark_dynamic`` was pinned, ``("no-fake", op)`` when an op has no fake
-    (meta) kernel to trace its output shapes with."""
-    import re
+def tree_map(fn: Callable[[Any], Any], tree: Any) -> Any:
+    """``fn`` applied to every leaf of nested lists, tuples and dicts (torch's pytree)."""
+    from torch.utils._pytree import tree_map as _tree_map
 
-    from torch.fx.experimental.symbolic_shapes import ConstraintViolationError
+    return _tree_map(fn, tree)
 
-    seen: set[int] = set()
-    todo: list[BaseException | None] = [exc]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, ConstraintViolationError):
-            sizes = re.search(r"Constraints violated \((.*?)\)!", str(e))
-            return "dynamic", sizes.group(1) if sizes else ""
-        text = str(e)
-        if "no fake impl" in text or "no meta kernel" in text.lower():
-            op = re.search(r"call_function (\S+?)\(", text) or re.search(r"<CustomOpDef\((\S+?)\)>", text)
-            return "no-fake", op.group(1) if op else "an op"
-        todo += [e.__cause__, e.__context__, getattr(e, "inner_exception", None)]
-    return None
+
+def size_hint(size: int | torch.SymInt | torch.SymFloat | torch.SymBool) -> Any:
+    """A symbolic size's example value, read without adding a guard (1 when it has none)."""
+    if isinstance(size, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        node_hint = size.node.hint
+        return type(node_hint)(node_hint) if node_hint is not None else 1
+    return size
+
+
+def cpu_memory_events(step: Callable[[], Any]) -> list[dict[str, Any]]:
+    """The profiler's CPU ``[memory]`` events while ``step()`` runs, in order, each with its
+    "Bytes" and running "Total Allocated" (read from the exported Kineto trace: no public API
+    gives the running total)."""
+    import json
+    import os
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with _quiet_stderr():
+        prof.start()
+    try:
+        step()
+    finally:
+        with _quiet_stderr():
+            prof.stop()
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    finally:
+        os.unlink(path)
+    return [e["args"] for e in events if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0]
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Close the process's stderr for the block: kineto prints a line on every
+    profiler start and stop, from C++, that no setting turns off."""
+    import os
+    import sys
+
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(devnull)
+        os.close(saved)
 
 
 def mutated_inputs(graph: fx.Graph) -> set[str]:

@@ -11,6 +11,7 @@ import torch
 
 from remat.passes import torch_adapter as adapter
 from remat.passes.partition import PlanComplete
+from remat.passes.torch_errors import capture_problem
 
 from .backend import RematBackend, named_reports
 from .errors import BudgetError, GraphError, PlanError, SolverUnavailable
@@ -64,7 +65,7 @@ def raising_budget_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def graph_error(exc: BaseException) -> GraphError | None:
     """A capture failure remat can explain, as a :class:`GraphError` saying what to do."""
-    problem = adapter.capture_problem(exc)
+    problem = capture_problem(exc)
     if problem is None:
         return None
     kind, what = problem

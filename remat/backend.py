@@ -13,6 +13,7 @@ from typing import Any
 import torch.fx as fx
 
 from remat.passes import torch_adapter as adapter
+from remat.passes.eager_compiler import compile_eager
 from remat.passes.fit import compile_fitted, defer_min_feasible
 from remat.passes.partition import GraphPlan, PlanComplete, Planner
 
@@ -51,7 +52,7 @@ class RematBackend:
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         with adapter.saved_values_chooser(self.planner.choose):
             if self.options.compiler == "eager":
-                return adapter.compile_eager(gm, example_inputs, on_graph=self.planner.on_graph)
+                return compile_eager(gm, example_inputs, on_graph=self.planner.on_graph)
             # Inductor: compile, account for the program it generated, plan tighter while it is over
             compiled = compile_fitted(gm, example_inputs, self.planner, adapter.compile_inductor)
             if self.stop_after_plan:  # remat.plan: its smallest feasible budget is the compiled one

@@ -83,3 +83,33 @@ def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
     found = {m for _, m in imported(module, "remat.passes")}
     assert found == {"remat.options", "remat.report", "torch", "remat.solvers", "remat"}
     assert {m: layer_of(m) for m in found}["remat.solvers"] == "remat.solvers"
+
+
+PRIVATE = ("torch._", "torch.utils._", "functorch")
+
+
+def private_uses(path: Path, package: str) -> list[str]:
+    """Imports of private torch modules, and reads of private attributes (``._schema``,
+    ``.node.hint``), anywhere in ``path``."""
+    found = [f"{path.name}:{line} imports {m}" for line, m in imported(path, package)
+             if m.startswith(PRIVATE) and m not in ("torch.__version__",)]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr in ("_schema", "_dynamo", "_inductor", "_functorch"):
+            found.append(f"{path.name}:{node.lineno} reads .{node.attr}")
+        if isinstance(node, ast.Attribute) and node.attr == "hint" and isinstance(node.value, ast.Attribute) \
+                and node.value.attr == "node":
+            found.append(f"{path.name}:{node.lineno} reads .node.hint")
+    return found
+
+
+@pytest.mark.parametrize(("package", "path"), [m for m in modules() if m[1].name != "torch_adapter.py"],
+                         ids=lambda p: p.name if isinstance(p, Path) else p)
+def test_private_torch_apis_are_reached_only_through_the_adapter(package: str, path: Path) -> None:
+    assert not private_uses(path, package), "go through remat.passes.torch_adapter"
+
+
+def test_the_private_use_check_sees_them(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("from torch._inductor import config\nimport torch.utils._pytree\n"
+                      "x = node.target._schema\ny = size.node.hint\n")
+    assert len(private_uses(module, "remat.passes")) == 4

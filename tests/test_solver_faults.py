@@ -12,8 +12,7 @@ import remat
 from remat import solvers
 from remat.errors import format_bytes
 from remat.lazy import Once
-from remat.options import Options
-from remat.passes.partition import ilp_config, solve_or_fall_back
+from remat.solvers.plan import Request, solve_or_fall_back
 from remat.solvers import ilp, registry
 from remat.solvers.solution import Status
 from tests.conftest import budget_between, build, planned
@@ -173,10 +172,10 @@ def test_a_solver_plan_over_the_budget_is_replaced_by_one_that_fits(monkeypatch:
 def test_when_no_plan_fits_the_cap_the_fall_back_raises_plan_error(monkeypatch: pytest.MonkeyPatch) -> None:
     """``solve_or_fall_back`` itself, below every plan's peak (``solve`` raises BudgetError before
     it gets there): chain_problem peaks at 220 B at the least; the cap is 100 B."""
-    problem, options = chain_problem(), Options(solver="ilp")
+    problem, request = chain_problem(), Request(solver="ilp")
     lowest = Once(lambda: solvers.min_peak(problem))
     assert lowest().peak_bytes == 220
     monkeypatch.setattr(registry, "solve_ilp", _crash)
     with pytest.raises(remat.PlanError, match=r"^solver 'ilp' failed \(RuntimeError: solver library crashed\), "
                                               r"and no cheap plan fits 100 B: raise the budget"):
-        solve_or_fall_back(problem, 100, options, ilp_config(options), lowest)
+        solve_or_fall_back(problem, 100, request, lowest)

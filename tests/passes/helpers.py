@@ -7,7 +7,7 @@ Two sources:
   partitioner (``classify_nodes``): the test decides the exact graph, node order
   included, and can work out every expected number by hand.
 - ``capture``: a real model through dynamo, AOTAutograd and torch's min-cut
-  partitioner (``passes/torch_adapter.compile_eager``), exactly as remat's
+  partitioner (``passes/eager_compiler.compile_eager``), exactly as remat's
   backend sees it: the joint graph and node info handed to
   ``choose_saved_values_set``, and the forward and backward graphs torch built.
 """
@@ -24,6 +24,7 @@ from torch._functorch.partitioners import classify_nodes  # the partitioner's ow
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from remat.passes import torch_adapter as adapter
+from remat.passes.eager_compiler import compile_eager
 from remat.passes.profile import NodeCost, profile_graph
 
 aten = torch.ops.aten
@@ -72,7 +73,7 @@ def capture(model: torch.nn.Module, *inputs: torch.Tensor, run_backward: bool = 
 
     def backend(gm: fx.GraphModule, example_inputs: Any) -> Any:
         with adapter.saved_values_chooser(choose):
-            return adapter.compile_eager(gm, example_inputs, on_graph=on_graph)
+            return compile_eager(gm, example_inputs, on_graph=on_graph)
 
     out = torch.compile(model, backend=backend, fullgraph=True)(*inputs)
     if run_backward:

@@ -1,5 +1,5 @@
 """Recompute bans (``recompute_ban``/``ban_reading_written_inputs`` in passes/problem.py,
-``is_random`` in passes/profile.py): what may never be recomputed, and what stays free.
+``is_random`` in passes/taxonomy.py): what may never be recomputed, and what stays free.
 
 Random ops: recomputing one draws new numbers, so dropout with p > 0 is kept; with p = 0 it
 draws nothing and is an ordinary op. A buffer the forward writes in place (BatchNorm's running
@@ -20,7 +20,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from remat import solvers
 from remat.passes import torch_adapter as adapter
 from remat.passes.problem import build_problem
-from remat.passes.profile import is_random, node_kind
+from remat.passes.taxonomy import is_random, node_kind
 from remat.solvers.model import recomputable
 
 from .helpers import aten, analytic_costs, capture
@@ -46,7 +46,7 @@ class Dropout(nn.Module):
 @pytest.mark.parametrize("aten_random", [False, True], ids=["inductor-random", "aten-random"])
 def test_dropout_with_p_zero_is_not_random(aten_random: bool) -> None:
     """p = 0 traces to a clone, with Inductor's decompositions or aten's: nothing is banned."""
-    with adapter.aten_randomness() if aten_random else contextlib.nullcontext():
+    with adapter.inductor_settings(fallback_random=True) if aten_random else contextlib.nullcontext():
         got = capture(Dropout(0.0), torch.randn(3, 4), run_backward=False)
     bans = forward_bans(got)
     assert bans == {"permute": None, "addmm": None, "clone": None, "tanh": None}
@@ -67,7 +67,7 @@ def test_dropout_with_p_positive_is_banned_inductor_random() -> None:
 def test_dropout_with_p_positive_is_banned_aten_random() -> None:
     """With aten's randomness (``fallback_random``) dropout stays native_dropout: it and both
     of its outputs (the value and the mask) are banned."""
-    with adapter.aten_randomness():
+    with adapter.inductor_settings(fallback_random=True):
         got = capture(Dropout(0.5), torch.randn(3, 4), run_backward=False)
     bans = forward_bans(got)
     assert {n: b for n, b in bans.items() if b} == {"native_dropout": RANDOM, "getitem": RANDOM,
@@ -105,10 +105,6 @@ def test_native_dropout_with_p_positive_is_random() -> None:
     assert is_random(dropout)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "library bug: is_random reads the probability only from an argument named dropout_p; "
-    "native_dropout's is named p, so native_dropout(x, 0.0, True), which keeps every element, is "
-    "classified random and never recomputed"))
 def test_native_dropout_with_p_zero_is_not_random() -> None:
     gm = make_forward(lambda x: aten.native_dropout(x, 0.0, True)[0], torch.randn(4))
     dropout = next(n for n in gm.graph.nodes if n.op == "call_function")
