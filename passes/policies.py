@@ -111,26 +111,23 @@ save_matmuls = Policy("save-matmuls", _save_matmuls)
 
 def save_ops(*names: str) -> Policy:
     """Keep the outputs of the ops named (``"addmm"``, ``"_softmax"``...); the ILP decides the rest."""
-    wanted = frozenset(names)
-
-    def rule(node: fx.Node) -> Verdict | None:
-        if node.op == "call_function" and taxonomy.op_name(node.target) in wanted:
-            return Verdict(Pin.MUST_SAVE, f"policy save_ops: {taxonomy.op_name(node.target)}")
-        return None
-
-    return Policy(f"save-ops({','.join(sorted(wanted))})", rule)
+    return _pin_ops("save", Pin.MUST_SAVE, names)
 
 
 def recompute_ops(*names: str) -> Policy:
     """Recompute the outputs of the ops named; the ILP decides the rest."""
+    return _pin_ops("recompute", Pin.MUST_RECOMPUTE, names)
+
+
+def _pin_ops(verb: str, pin: Pin, names: tuple[str, ...]) -> Policy:
     wanted = frozenset(names)
 
     def rule(node: fx.Node) -> Verdict | None:
         if node.op == "call_function" and taxonomy.op_name(node.target) in wanted:
-            return Verdict(Pin.MUST_RECOMPUTE, f"policy recompute_ops: {taxonomy.op_name(node.target)}")
+            return Verdict(pin, f"policy {verb}_ops: {taxonomy.op_name(node.target)}")
         return None
 
-    return Policy(f"recompute-ops({','.join(sorted(wanted))})", rule)
+    return Policy(f"{verb}-ops({','.join(sorted(wanted))})", rule)
 
 
 BUILT_IN = {p.name: p for p in (save_matmuls, never_recompute_random, never_recompute_mutations,

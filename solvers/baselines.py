@@ -42,6 +42,11 @@ def store_all(problem: Problem) -> Solution:
 def recompute_all(problem: Problem) -> Solution:
     """Keep only what cannot be recomputed (banned ops and their kin)."""
     start = time.perf_counter()
+    saved = _walk_saved(problem, _keep_only_what_cannot_be_recomputed(problem))
+    return _timed(evaluate(problem, saved, solver="recompute-all"), start)
+
+
+def _keep_only_what_cannot_be_recomputed(problem: Problem) -> Callable[[Value], bool]:
     can_recompute = recomputable(problem)
 
     def keep(value: Value) -> bool:
@@ -51,8 +56,7 @@ def recompute_all(problem: Problem) -> Solution:
             raise InvalidPlan(f"{value.name} can be neither kept (a view) nor recomputed")
         return True
 
-    saved = _walk_saved(problem, keep)
-    return _timed(evaluate(problem, saved, solver="recompute-all"), start)
+    return keep
 
 
 # What Megatron-style selective checkpointing keeps (categories of ``Value.category``).
@@ -63,18 +67,8 @@ def save_matmuls(problem: Problem) -> Solution:
     """Megatron-style selective checkpointing in the model: keep matmul-class outputs (and
     what cannot be recomputed), recompute everything else the backward needs."""
     start = time.perf_counter()
-    can_recompute = recomputable(problem)
-
-    def keep(value: Value) -> bool:
-        if value.category in MATMUL_CLASS and value.savable:
-            return True
-        if value.name in can_recompute:
-            return False
-        if not value.savable:
-            raise InvalidPlan(f"{value.name} can be neither kept (a view) nor recomputed")
-        return True
-
-    saved = _walk_saved(problem, keep)
+    otherwise = _keep_only_what_cannot_be_recomputed(problem)
+    saved = _walk_saved(problem, lambda v: (v.category in MATMUL_CLASS and v.savable) or otherwise(v))
     return _timed(evaluate(problem, saved, solver="save-matmuls"), start)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -276,6 +277,7 @@ def solve_ilp(
     *,
     config: ILPConfig | None = None,
     objective: Objective = "time",
+    seeds: Sequence[Solution] = (),
 ) -> Solution:
     """The least added time within ``budget_bytes`` (objective "time"), or the
     smallest peak (objective "peak", no budget).
@@ -284,7 +286,9 @@ def solve_ilp(
     the cheap seed with status FALLBACK. Raises Infeasible when the budget is
     provably below every plan's peak, InvalidPlan when nothing can be
     planned, NoPlanFound when the solver failed and no seed fits.
-    ``config.time_limit_s`` bounds the solver run, not model building.
+    ``config.time_limit_s`` bounds the solver run, not model building. ``seeds``: other
+    valid plans to start from (the smallest-peak plan, near the smallest budget, where no
+    cheap plan fits and the solver would otherwise search for a first plan).
     """
     config = config or ILPConfig()
     if objective == "peak" and budget_bytes is not None:
@@ -294,7 +298,7 @@ def solve_ilp(
     if not problem.candidates():  # nothing to decide: the check above settled it
         return evaluate(problem, (), solver=_name(config), status=Status.OPTIMAL)
     model = build_model(problem, budget_bytes, objective)
-    seed = _seed(problem, budget_bytes, objective, model, config)
+    seed = _seed(problem, budget_bytes, objective, model, config, seeds)
     if seed is not None:
         _warm_start(model, problem, seed)
     log.debug("ilp: %d columns, %d rows", len(model.prob.variables()), len(model.prob.constraints()))
@@ -329,7 +333,7 @@ def _check_fixed_fits(problem: Problem, budget_bytes: int | None) -> None:
 
 
 def _seed(problem: Problem, budget_bytes: int | None, objective: Objective, model: Model,
-          config: ILPConfig) -> Solution | None:
+          config: ILPConfig, seeds: Sequence[Solution] = ()) -> Solution | None:
     """A cheap valid plan: store-all if it fits; else the best that fits of
     greedy, recompute-all and the relaxation's roundings (for "peak", the
     lowest). Raises InvalidPlan if none is valid."""
@@ -337,7 +341,7 @@ def _seed(problem: Problem, budget_bytes: int | None, objective: Objective, mode
     if objective == "time" and _fits(plans[0], budget_bytes):
         return plans[0]
     plans += [greedy(problem, 0 if budget_bytes is None else budget_bytes), recompute_all(problem)]
-    plans += rounded_plans(model, problem, config)
+    plans += rounded_plans(model, problem, config) + list(seeds)
     if objective == "peak":
         return min(plans, key=lambda p: (p.peak_bytes, p.added_seconds))
     return min((p for p in plans if _fits(p, budget_bytes)), key=lambda p: p.added_seconds, default=None)

@@ -167,7 +167,8 @@ def solve_or_fall_back(problem: Problem, cap: int, request: Request, lowest: Low
     a plan above the exact memory, while ``lowest`` fits.
     """
     name = request.solver
-    kwargs = {"config": request.config} if name.startswith("ilp") else {}
+    # near the smallest peak the smallest-peak plan, when already solved, is the first plan that fits
+    kwargs = {"config": request.config, "seeds": [lowest()] if lowest.done else []} if name.startswith("ilp") else {}
     cause: Exception | None = None
     try:
         plan = get(name).solve(problem, cap, **kwargs)

@@ -110,13 +110,14 @@ class ILPSolver:
 
     def solve(self, problem: Problem, budget_bytes: int | None, **kwargs: Any) -> Solution:
         base = kwargs.pop("config", None) or ILPConfig()
+        seeds = kwargs.pop("seeds", ())
         config = replace(base, backend=self.backend, **kwargs)
         notes: tuple[str, ...] = ()
         if not backend_available(self.backend) and self.fallback is not None:
             note = f"{self.backend} unavailable (is highspy installed?): solved with {self.fallback}"
             log.warning("solver %r: %s", self.name, note)
             config, notes = replace(config, backend=self.fallback), (note,)
-        solution = solve_ilp(problem, budget_bytes, config=config)
+        solution = solve_ilp(problem, budget_bytes, config=config, seeds=seeds)
         return replace(solution, notes=(*notes, *solution.notes))
 
 

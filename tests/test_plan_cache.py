@@ -6,6 +6,7 @@ import copy
 import json
 import logging
 import pathlib
+import shutil
 
 import pytest
 import torch
@@ -85,6 +86,13 @@ def _refresh_checksum(entry: dict) -> None:
     entry["checksum"] = plan_cache._digest(body)
 
 
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory: pytest.TempPathFactory) -> tuple[pathlib.Path, remat.Report]:
+    """One stored entry, planned once for every kind of damage below."""
+    folder = tmp_path_factory.mktemp("stored")
+    return folder, _plan(folder, budget_between(planned("gpt", "eager"), 0.3))
+
+
 @pytest.mark.parametrize(
     ("damage", "warning"),
     [
@@ -98,9 +106,12 @@ def _refresh_checksum(entry: dict) -> None:
     ids=["corrupt", "edited", "foreign", "stale-names"],
 )
 def test_bad_files_are_ignored_with_a_warning_and_replaced(tmp_path: pathlib.Path, budget: float, damage: object,
-                                                           warning: str, caplog: pytest.LogCaptureFixture) -> None:
-    first = _plan(tmp_path, budget)
-    (path,) = tmp_path.glob("*.json")
+                                                           warning: str, caplog: pytest.LogCaptureFixture,
+                                                           stored: tuple[pathlib.Path, remat.Report]) -> None:
+    folder, first = stored
+    (original,) = folder.glob("*.json")
+    path = tmp_path / original.name
+    shutil.copy(original, path)
     damage(path)
     with caplog.at_level(logging.WARNING, logger="remat.passes.plan_cache"):
         again = _plan(tmp_path, budget)

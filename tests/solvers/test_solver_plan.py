@@ -126,3 +126,26 @@ def test_the_save_matmuls_baseline_keeps_matmul_class_values_only() -> None:
     plan = solvers.get("save-matmuls").solve(problem, None)
     assert plan.saved == {"a"} and plan.recomputed == {"b"} and plan.peak_bytes == 320
     assert solvers.save_matmuls(branch_problem()).saved == frozenset()  # no matmul: recompute what it can
+
+
+def test_at_the_smallest_budget_the_smallest_peak_plan_seeds_the_solve(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At the smallest peak no cheap plan may fit; when the solver stops with no plan of its own
+    (a time limit), the smallest-peak plan it was seeded with is returned, not NoPlanFound."""
+    from remat.solvers import ilp
+    from remat.solvers.backends import Outcome
+
+    problem = random_problem(18, 16, 8)  # no cheap plan nor rounding reaches its smallest peak
+    lowest = policy.smallest_peak(problem, Request().config)
+    real = ilp.run_backend
+
+    def no_plan(prob, config):  # type: ignore[no-untyped-def]
+        if all(v.cat == "Continuous" for v in prob.variables()):
+            return real(prob, config)  # the relaxation behind the roundings
+        return Outcome(None, reason="time limit reached with no plan")
+
+    monkeypatch.setattr(ilp, "run_backend", no_plan)
+    with pytest.raises(solvers.NoPlanFound):
+        solvers.solve_ilp(problem, lowest.peak_bytes)
+    plan = solvers.solve_ilp(problem, lowest.peak_bytes, seeds=[lowest])
+    assert plan.status is Status.FALLBACK and plan.peak_bytes <= lowest.peak_bytes
+    assert any("time limit reached with no plan" in n for n in plan.notes)
