@@ -53,8 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"first step (capture, plan, compile) {time.perf_counter() - t0:.1f} s")
     model.zero_grad(set_to_none=True)
     peak = budget_peak(lambda: compiled(*inputs).backward(), model, inputs, args.device)
-    report = remat.reports(compiled)[0]
-    report.measured_peak_bytes = peak
+    report = remat.reports(compiled)[0].with_measured_peak(peak)
     print(report.summary())
 
 

@@ -188,13 +188,14 @@ def measure_frontier(frontier: Frontier, model: Callable[..., Any], inputs: Sequ
     fixed = held_bytes(model, inputs)
     grads = [(p, p.grad) for p in model.parameters()] if isinstance(model, torch.nn.Module) else []
     try:
-        for r, report in progress(list(zip(frontier.rows, frontier.reports)), desc="remat: measuring", unit="budget"):
+        rows = progress(list(zip(frontier.rows, frontier.reports)), desc="remat: measuring", unit="budget")
+        for index, (r, report) in enumerate(rows):
             r["measured_peak_bytes"] = r["step_seconds"] = None
             if report is None:
                 continue
             peak, seconds = measure_step(model, inputs, replace(options, budget_gb=r["budget_gb"]), device)
             r["measured_peak_bytes"], r["step_seconds"] = peak + fixed, seconds
-            report.measured_peak_bytes = peak + fixed
+            frontier.reports[index] = report.with_measured_peak(peak + fixed)
     finally:
         for p, grad in grads:
             p.grad = grad

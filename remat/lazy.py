@@ -25,6 +25,7 @@ computing
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -47,9 +48,8 @@ class Deferred:
             if self.default is _MISSING:
                 raise AttributeError(self.name)
             return self.default
-        compute = obj.__dict__.get("_pending", {}).get(self.name)
-        if compute is not None:
-            compute()
+        if self.name in obj.__dict__.get("_pending", {}):
+            obj._fill(self.name)
         return obj.__dict__[self.name]
 
     def __set__(self, obj: Any, value: Any) -> None:
@@ -65,15 +65,27 @@ class Deferring:
         Until then they hold what was set last (their placeholders). A field set or deferred
         again later keeps that later value or computation."""
         pending = self.__dict__.setdefault("_pending", {})
-
-        def fill() -> None:
-            values = compute()  # if it raises, the fields stay pending and the next read tries again
-            for name in names:
-                if pending.get(name) is fill:
-                    setattr(self, name, values[name])
-
+        group = (compute, names)  # one object per call: a later defer or set of a name replaces it
         for name in names:
-            pending[name] = fill
+            pending[name] = group
+
+    def _fill(self, name: str) -> None:
+        """Compute the group ``name`` was deferred with, and set those of its fields still waiting
+        for it (directly: a read-only object's fields are filled so too)."""
+        pending = self.__dict__["_pending"]
+        group = pending[name]
+        compute, names = group
+        values = compute()  # if it raises, the fields stay pending and the next read tries again
+        for other in names:
+            if pending.get(other) is group:
+                del pending[other]
+                self.__dict__[other] = values[other]
+
+    def _copy(self) -> Any:
+        """A shallow copy whose pending fields are its own (computed for it alone when read)."""
+        new = copy.copy(self)  # its own __dict__, sharing the values
+        new.__dict__["_pending"] = dict(self.__dict__.get("_pending", {}))
+        return new
 
     @property
     def pending(self) -> list[str]:

@@ -85,6 +85,19 @@ class Report(Deferring):
     store_all_timeline: list[int] = field(default_factory=list)
     backward_starts_at: int = 0  # the first backward step
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__dict__.get("_built"):
+            raise AttributeError(f"a Report is read-only once built; for a measured peak use "
+                                 f"report.with_measured_peak(nbytes), not report.{name} = ...")
+        super().__setattr__(name, value)
+
+    def with_measured_peak(self, nbytes: int | None) -> Report:
+        """This report with a step's measured peak (bytes, as the budget counts it) beside the
+        prediction; figures not yet computed stay so, computed for the copy when read."""
+        new = self._copy()
+        new.__dict__.update(measured_peak_bytes=nbytes, notes=list(self.notes))
+        return new
+
     @property
     def checked_peak_bytes(self) -> int:
         """The peak the budget was checked against: the compiled program's under Inductor,
@@ -213,7 +226,9 @@ def report_of(plan: Any) -> Report:
     )
     for names, compute in plan.deferred:
         report.defer(compute, *names)
-    return attach_timelines(report, problem, solution, plan.store_all)
+    attach_timelines(report, problem, solution, plan.store_all)
+    report.__dict__["_built"] = True  # read-only from here: remat's code never changes it again
+    return report
 
 
 # --- timelines ---------------------------------------------------------------

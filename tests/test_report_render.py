@@ -111,14 +111,10 @@ def test_to_pandas_has_one_row_per_node(planned) -> None:
 
 
 def test_html_holds_the_numbers(planned) -> None:
-    report = planned.report
-    report.measured_peak_bytes = report.predicted_peak_bytes + 2**20
-    report.notes.append("a <note>")
-    try:
-        page = report._repr_html_()
-    finally:
-        report.measured_peak_bytes = None
-        report.notes.pop()
+    report = planned.report.with_measured_peak(planned.report.predicted_peak_bytes + 2**20)
+    report.notes.append("a <note>")  # the copy's own list
+    page = report._repr_html_()
+    assert "a &lt;note&gt;" not in planned.report._repr_html_()
     for nbytes in (report.budget_bytes, report.predicted_peak_bytes, report.store_all_peak_bytes,
                    report.min_feasible_bytes, report.predicted_peak_bytes + 2**20):
         assert format_bytes(nbytes) in page
@@ -163,3 +159,14 @@ def test_docstring_examples(module: str) -> None:
 
     result = doctest.testmod(importlib.import_module(module))
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_a_built_report_is_read_only_and_a_measurement_makes_a_copy(planned) -> None:
+    report = planned.report
+    with pytest.raises(AttributeError, match="read-only once built"):
+        report.budget_bytes = 1
+    measured = report.with_measured_peak(report.predicted_peak_bytes)
+    assert measured.measured_peak_bytes == report.predicted_peak_bytes and report.measured_peak_bytes is None
+    # figures still pending are computed for each copy when read, and agree
+    assert measured.min_cut_overhead_seconds == report.min_cut_overhead_seconds
+    assert measured.saved == report.saved and measured is not report
