@@ -18,10 +18,11 @@ from dataclasses import dataclass, field, replace
 
 import torch.fx as fx
 
-from remat import solvers
+from remat.solvers.baselines import store_all
 from remat.solvers.errors import BudgetError, PlanError, format_bytes
 from remat.solvers.plan import Lowest, Once, lowest_of, min_budget_bytes, peer_plan, score_peer, solve
 from remat.solvers.problem import Problem
+from remat.solvers.simulate import evaluate
 from remat.solvers.solution import Solution, Status
 
 from . import plan_cache
@@ -44,12 +45,12 @@ class PlanComplete(Exception):
 class GraphPlan:
     """Everything remat decided, predicted and learned for one joint graph: plain data.
 
-    ``complete``: both partitioned graphs were seen and checked; nothing about it changes
-    after that except figures computed when read.
     The passes fill it while the graph is planned and compiled; remat's ``Report`` is
     built from it (``remat.report.report_of``). ``figures`` holds figures already
     known; ``deferred`` lists how to compute the others, (names, compute), when first
-    read (a later entry for a name replaces an earlier one).
+    read (a later entry for a name replaces an earlier one). ``complete``: both
+    partitioned graphs were seen and checked; nothing changes after that but figures
+    computed when read.
     """
 
     problem: Problem
@@ -256,8 +257,8 @@ class Planner:
         problem = cached.problem
         facts = {**cached.solution, "status": Status(cached.solution["status"]),
                  "notes": tuple(cached.solution["notes"])}
-        solution = replace(solvers.evaluate(problem, cached.saved), **facts)
-        plan = GraphPlan(problem, solution, solvers.store_all(problem), self.request, cached.target, forward,
+        solution = replace(evaluate(problem, cached.saved), **facts)
+        plan = GraphPlan(problem, solution, store_all(problem), self.request, cached.target, forward,
                          set(cached.random), self.lowest_of(problem), notes=list(cached.notes), plan_cache="hit",
                          figures=dict(cached.figures))
         self.defer_figures(plan, torch_min_cut(joint_graph, node_info))

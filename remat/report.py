@@ -58,7 +58,7 @@ class Report(Deferring):
     solve_seconds: float
     mip_gap: float | None
     nodes: list[NodeRow]
-    planned_budget_bytes: int | None = None  # the budget less the headroom or the margin
+    planned_budget_bytes: int | None = None  # the budget less the headroom
     headroom: float = 0.0  # the fraction held back, when the user set one
     compiled_peak_bytes: int | None = None  # what the program Inductor generated peaks at
     input_bytes: int = 0  # the graph's inputs (parameters, buffers, batch) the budget counts as held

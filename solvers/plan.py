@@ -26,7 +26,7 @@ from typing import Generic, TypeVar
 from .baselines import greedy, recompute_all, store_all
 from .errors import GIB, BudgetError, Infeasible, InvalidPlan, PlanError, format_bytes
 from .ilp import ILPConfig, min_peak
-from .problem import Kind, Problem
+from .problem import Kind, Problem, Value
 from .registry import available, get
 from .simulate import added_seconds, alive_at, closure, evaluate
 from .solution import Solution, Status
@@ -248,7 +248,7 @@ def breakdown_at_peak(problem: Problem, solution: Solution) -> dict[str, int]:
     return dict(sorted(((k, b) for k, b in parts.items() if b), key=lambda kv: -kv[1]))
 
 
-def category(value, why: str, step: int) -> str:
+def category(value: Value, why: str, step: int) -> str:
     if value.kind is Kind.INPUT:
         return "graph inputs (parameters, buffers, batch)"
     if value.kind is Kind.BACKWARD:
