@@ -4,6 +4,7 @@
     python -m bench --device cpu --smoke                # tiny models: the harness end to end (not timing)
     python -m bench --device cpu --models gpt gpt-softmax
     python -m bench --scaling                           # solver scaling, GPT-style 2 to 48 layers, CPU
+    python -m bench --compile-time                      # first-step compile time beside torch.compile, CPU
 
 Per model it writes <date>-<device>-<model>.{json,md,png} into --out (a
 ``-smoke`` before the model name for --smoke), and <date>-<device>-summary.md
@@ -30,7 +31,7 @@ from typing import Any
 
 import torch
 
-from bench import hf_models, pareto, peers, render, scaling
+from bench import compile_time, hf_models, pareto, peers, render, scaling
 from remat.cli import parse_overrides
 from remat.zoo import build as build_zoo
 
@@ -95,9 +96,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="wall-clock budget for all models; rows past a model's share are recorded as skipped "
                         "(default 8 on CUDA, none on the CPU)")
     p.add_argument("--scaling", action="store_true", help="run the solver-scaling benchmark instead (CPU)")
+    p.add_argument("--compile-time", action="store_true",
+                   help="run the compile-time benchmark instead (CPU; --models demo gpt-<layers>, --layers)")
     p.add_argument("--render", nargs="+", default=None, metavar="JSON",
                    help="rewrite the markdown and plot of these result files from their rows")
-    p.add_argument("--layers", type=int, nargs="+", default=None, help="depths for --scaling")
+    p.add_argument("--layers", type=int, nargs="+", default=None, help="depths for --scaling and --compile-time")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="override a size field of every model (e.g. layers=4); recorded in the results")
     return p.parse_args(argv)
@@ -215,6 +218,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.scaling:
         scaling.main([*(["--layers", *map(str, args.layers)] if args.layers else []), "--out", args.out])
+        return
+    if args.compile_time:
+        compile_time.main([*(["--models", *args.models] if args.models else []),
+                           *(["--layers", *map(str, args.layers)] if args.layers else []), "--out", args.out])
         return
     run(args, argv)
 

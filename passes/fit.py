@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import logging
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -55,14 +56,19 @@ def fit(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
         compile_graph: Compile) -> Callable[..., Any]:
     target: int | None = None
     fallbacks: dict[int, int] = {}  # compiled peaks of the smallest-peak and fastest plans
+    spent: dict[str, float] = {}  # every attempt's timings, the rejected plans' too
     attempt = 0
     while True:
         attempt += 1
         planner.target = target
         compiled, plan, peak = compile_once(gm, example_inputs, planner, compile_graph)
         plan.compile_attempts = attempt
+        for phase, seconds in plan.timings.items():
+            spent[phase] = spent.get(phase, 0.0) + seconds
         limit = plan.target
         if limit is None or peak <= limit:
+            plan.timings = spent
+            planner.remember_compiled(plan)
             return compiled  # before asking whether the plan is the smallest: that may need a solve
         if plan.smallest or target in (SMALLEST, FASTEST):
             fallbacks[SMALLEST if plan.smallest else target] = peak
@@ -120,10 +126,28 @@ def lowest_compiled_peak(gm: fx.GraphModule, example_inputs: Sequence[Any], plan
 def compile_once(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
                  compile_graph: Compile) -> tuple[Callable[..., Any], GraphPlan, int]:
     """Plan and compile a copy of ``gm`` (Inductor's pre-grad passes rewrite it in place);
-    the compiled callable, its plan, and the peak of the program Inductor generated."""
+    the compiled callable, its plan, and the peak of the program Inductor generated.
+
+    Inductor may load the program from its FX graph cache. For a plan from remat's plan
+    cache the stored account stands for it; any other plan is compiled again, the cache
+    off, so that its program is generated and accounted for."""
+    planned = len(planner.plans)
+    planner.capture_started = time.perf_counter()
     with account.capture_programs() as programs:
         compiled = compile_graph(copy.deepcopy(gm), example_inputs, on_graph=planner.on_graph)
     plan = planner.plans[-1]
+    plan.timings["inductor"] = time.perf_counter() - planner.chosen_at
+    if len(programs) < 2:  # Inductor's cache had the program: no code to read
+        if plan.plan_cache == "hit" and plan.compiled_peak_bytes is not None:
+            return compiled, plan, plan.compiled_peak_bytes
+        del planner.plans[planned:]
+        planner.replay = plan  # not planned again: the same plan, its program generated this time
+        planner.capture_started = time.perf_counter()
+        with account.capture_programs() as programs:
+            compiled = compile_graph(copy.deepcopy(gm), example_inputs, on_graph=planner.on_graph,
+                                     fx_graph_cache=False)
+        plan = planner.plans[-1]
+        plan.timings["inductor"] = time.perf_counter() - planner.chosen_at
     # extern kernels' scratch, measured by the profile, placed at the line each kernel runs
     step = account.step_account(programs, plan.workspace_by_node)
     if not step.complete:

@@ -62,8 +62,11 @@ class GraphPlan:
     random_names: set[str]
     lowest: Lowest  # the smallest-peak plan, solved when first asked for
     profile_seconds: float = 0.0
+    # wall seconds by phase of this graph's compile (capture, profile, solve, inductor), in order
+    timings: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     plan_cache: str = ""  # "stored" when written to the plan cache, "hit" when loaded from it
+    cache_key: dict[str, object] | None = None  # the plan cache key it was stored under
     compiled_peak_bytes: int | None = None  # what the program Inductor generated peaks at
     compile_attempts: int = 0
     realized_peak_bytes: int | None = None
@@ -183,6 +186,11 @@ class Planner:
         # Off while plans are compiled only to measure them (passes/fit.py): the plan cache
         # keeps the plan that fitted the budget, never a fall-back made for a figure.
         self.storing = True
+        # A plan made already, to hand out again at the next call (its graph compiled once more)
+        self.replay: GraphPlan | None = None
+        # set by the backend (or the fitting loop) when the joint graph's capture begins
+        self.capture_started: float | None = None
+        self.chosen_at = 0.0  # when the last saved set was handed to torch
         # one cache per process: planning and compiling the same model then
         # see the same costs (CPU workspace, in particular, varies run to run)
         self.cache = SHARED_TIMINGS
@@ -193,6 +201,7 @@ class Planner:
         self.disk = plan_cache.PlanCache(folder) if folder is not None else None
 
     def choose(self, joint_graph: fx.Graph, node_info: adapter.NodeInfo) -> list[fx.Node]:
+        entered = time.perf_counter()
         # A plan holds for the sizes it was made at: under a budget, dynamic
         # sizes are pinned (guarded), so another size compiles and plans anew.
         specialized = self.request.budget_bytes is not None and adapter.specialize_sizes(joint_graph)
@@ -202,8 +211,11 @@ class Planner:
             # the fitting loop's last plan is stored under the default key: the next
             # process starts from the plan that fitted
             key = plan_cache.graph_key(joint_graph, self.request, plan_cache.graph_device(joint_graph))
-            cached = self.disk.load(key, joint_graph) if self.target is None else None
-        if cached is not None:
+            cached = self.disk.load(key, joint_graph) if self.target is None and self.replay is None else None
+        if self.replay is not None:  # the same graph compiled again (passes/fit.py): the same plan
+            plan, self.replay = self.replay, None
+            plan.graphs = {}
+        elif cached is not None:
             plan = self.plan_from_cache(cached, forward, joint_graph, node_info)
         else:
             plan = self.make_plan(joint_graph, node_info, forward)
@@ -211,15 +223,20 @@ class Planner:
                 plan.notes.append("dynamic sizes pinned: each new size is planned under the budget again")
             if key is not None and self.storing:  # the plan cache is on
                 plan.plan_cache = "stored" if self.disk.store(key, plan_cache.entry_of(plan)) else ""
+                plan.cache_key = key
+        if self.capture_started is not None:
+            plan.timings = {"capture": entered - self.capture_started, **plan.timings}
         self.plans.append(plan)
         log.info("remat plan for graph %d: %s", len(self.plans) - 1, one_line(plan))
+        self.chosen_at = time.perf_counter()
         if self.stop_after_plan:
             raise PlanComplete
         return nodes_to_save(joint_graph, node_info, plan.solution)
 
     def profiled(self, joint_graph: fx.Graph, node_info: adapter.NodeInfo) -> tuple[Problem, dict]:
         """The graph's problem, and the costs profiled for it."""
-        costs = profile_graph(joint_graph, mode=self.request.profile, cache=self.cache)
+        costs = profile_graph(joint_graph, mode=self.request.profile, cache=self.cache,
+                              cost_folder=self.request.cost_cache)
         problem = build_problem(joint_graph, node_info, costs, fusion=self.request.compiler == "inductor",
                                 policy=self.request.policy)
         return problem, costs
@@ -239,13 +256,15 @@ class Planner:
         profile_seconds = time.perf_counter() - t0
         lowest = self.lowest_of(problem)
         min_cut = torch_min_cut(joint_graph, node_info)
+        t0 = time.perf_counter()
         solution, store_all = solve(problem, self.request.solve, lowest, target=self.target,
                                     settle_for_lowest=self.settle_for_lowest,
                                     extra=lambda: min_cut_candidates(problem, min_cut))
+        timings = {"profile": profile_seconds, "solve": time.perf_counter() - t0}
         random = {n.name for n in joint_graph.nodes if costs.get(n.name) and costs[n.name].kind == "random"}
         # the plan must fit the user's target; the fitting loop may have solved toward another
         plan = GraphPlan(problem, solution, store_all, self.request, self.request.solve.target, forward, random, lowest,
-                         profile_seconds=profile_seconds)
+                         profile_seconds=profile_seconds, timings=timings)
         if self.target is not None:
             plan.notes.append(f"planned to {format_bytes(self.target)} so that the compiled program fits")
         self.defer_figures(plan, min_cut)
@@ -260,7 +279,7 @@ class Planner:
         solution = replace(evaluate(problem, cached.saved), **facts)
         plan = GraphPlan(problem, solution, store_all(problem), self.request, cached.target, forward,
                          set(cached.random), self.lowest_of(problem), notes=list(cached.notes), plan_cache="hit",
-                         figures=dict(cached.figures))
+                         figures=dict(cached.figures), compiled_peak_bytes=cached.compiled_peak)
         self.defer_figures(plan, torch_min_cut(joint_graph, node_info))
         return plan
 
@@ -272,6 +291,11 @@ class Planner:
             defer_min_feasible(plan)
         if not set(MIN_CUT) <= known:
             plan.defer(Once(lambda: min_cut_figures(plan.problem, min_cut)), *MIN_CUT)
+
+    def remember_compiled(self, plan: GraphPlan) -> None:
+        """Store ``plan`` again with its compiled program's peak, once that program fitted."""
+        if self.disk is not None and plan.plan_cache == "stored" and plan.cache_key is not None:
+            self.disk.store(plan.cache_key, plan_cache.entry_of(plan))
 
     def on_graph(self, gm: fx.GraphModule, kind: str) -> None:
         """Called with each partitioned graph before it is compiled.

@@ -36,7 +36,7 @@ from .request import PlanRequest
 
 log = logging.getLogger(__name__)
 
-FORMAT = 4  # 4: the plan record with its problem (3: a Report, figures pending)
+FORMAT = 5  # 5: with the compiled program's peak (4: the plan record with its problem)
 OFF = ("0", "off", "false", "no", "")
 
 
@@ -59,6 +59,9 @@ class CachedPlan:
     solution: dict[str, Any]  # SOLUTION_FACTS
     notes: tuple[str, ...] = ()
     figures: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # the peak of the program Inductor generated for this plan: a later compile whose
+    # program comes from Inductor's own cache (no code generated, nothing to account) uses it
+    compiled_peak: int | None = None
 
 
 def entry_of(plan: Any) -> CachedPlan:
@@ -67,7 +70,7 @@ def entry_of(plan: Any) -> CachedPlan:
     facts = {name: getattr(solution, name) for name in SOLUTION_FACTS}
     facts["status"], facts["notes"] = solution.status.value, list(solution.notes)
     return CachedPlan(plan.problem, solution.saved, solution.recomputed, frozenset(plan.random_names), plan.target,
-                      facts, tuple(plan.notes), dict(plan.figures))
+                      facts, tuple(plan.notes), dict(plan.figures), plan.compiled_peak_bytes)
 
 
 def cache_dir(setting: bool | str | os.PathLike[str]) -> Path | None:
@@ -152,7 +155,8 @@ class PlanCache:
         """Write ``plan`` under ``key``; False (and a warning) if the folder is not writable."""
         body = {"key": key, "saved": sorted(plan.saved), "recomputed": sorted(plan.recomputed),
                 "random": sorted(plan.random), "target": plan.target, "solution": plan.solution,
-                "notes": list(plan.notes), "figures": plan.figures, "problem": problem_to_dict(plan.problem)}
+                "notes": list(plan.notes), "figures": plan.figures, "compiled_peak": plan.compiled_peak,
+                "problem": problem_to_dict(plan.problem)}
         entry = {**body, "checksum": _digest(body)}
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -173,7 +177,7 @@ def _entry_to_plan(entry: dict[str, Any], key: dict[str, Any]) -> CachedPlan:
         raise ValueError("made for another graph, budget, device or version")
     return CachedPlan(problem_from_dict(entry["problem"]), frozenset(entry["saved"]), frozenset(entry["recomputed"]),
                       frozenset(entry["random"]), entry["target"], dict(entry["solution"]), tuple(entry["notes"]),
-                      dict(entry["figures"]))
+                      dict(entry["figures"]), entry["compiled_peak"])
 
 
 def _digest(data: Any) -> str:

@@ -215,7 +215,8 @@ def forward_fields(node: fx.Node, costs: dict[str, NodeCost], order: Order, outp
         "need_end": last.get(node),
         "direct_need": bool(uses(node, order, forward=False)),
         "direct_start": min(uses(node, order, forward=False), default=None),
-        "operands": tuple(a.name for a in node.all_input_nodes if a in order.forward),
+        # sizes (SymInt nodes of a dynamic-shape graph) are handed to the backward for free
+        "operands": tuple(a.name for a in node.all_input_nodes if a in order.forward and holds_tensors(a)),
         "recompute_ban": verdict.reason if verdict is not None and verdict.pin is Pin.MUST_SAVE else None,
         "savable": is_tensor(node) and cost.kind != "view"
         and not (verdict is not None and verdict.pin is Pin.MUST_RECOMPUTE),
@@ -228,12 +229,14 @@ def backward_fields(node: fx.Node, order: Order, outputs: set[fx.Node]) -> dict:
     return {"kind": Kind.BACKWARD, "last_use": last_use}
 
 
+def holds_tensors(node: fx.Node) -> bool:
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor) or (isinstance(val, (tuple, list)) and bool(val))
+
+
 def problem_nodes(graph: fx.Graph, order: Order) -> Iterable[fx.Node]:
     """Nodes that hold tensors (or tuples of them) in step order."""
-    for node in order.steps:
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor) or (isinstance(val, (tuple, list)) and val):
-            yield node
+    return (node for node in order.steps if holds_tensors(node))
 
 
 # Inductor's realization heuristic for a pointwise value read more than once

@@ -19,12 +19,15 @@ non-tensor arguments) instead of being measured again.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import math
 import operator
-import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -34,6 +37,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from .progress import progress
 
 from . import torch_adapter as adapter
+from .cost_table import CostTable, signature
 from .taxonomy import is_alias, node_kind
 
 log = logging.getLogger(__name__)
@@ -162,11 +166,51 @@ def cache_key(node: fx.Node) -> tuple:
     return (str(node.target), repr(adapter.tree_map(describe, node.args)), repr(adapter.tree_map(describe, node.kwargs)))
 
 
-def time_call(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
-    """Median seconds of ``fn`` after one warm-up (CUDA events on GPU)."""
+# Decisions must not follow timing noise: two processes (or two ranks) that time an op
+# differently would choose different plans. The fastest of several runs is what the op
+# costs with no interference (a slower sample measures a stalled thread, not the op), and
+# a time on a grid of QUANTUM steps is the same in every process unless it sits on a step.
+# On the CPU ops are timed on one thread: with several, a parallel op waits for its slowest
+# thread, and on a loaded machine every run of it can wait out another process's time slice
+# (a 25 us op measured at 8 ms in every sample). One thread's times rank ops the same way.
+MIN_SAMPLES, MAX_SAMPLES = 5, 50
+SAMPLE_SECONDS = 2e-3  # keep sampling a fast op until this much time was measured
+QUANTUM = 2 ** 0.25  # a grid step: 19 %, coarser than run-to-run spread of the fastest run
+
+
+def quantize_seconds(seconds: float) -> float:
+    """``seconds`` on a geometric grid of ``QUANTUM`` steps (0 stays 0).
+
+    >>> quantize_seconds(1.0), quantize_seconds(1.05) == quantize_seconds(0.97)
+    (1.0, True)
+    """
+    if seconds <= 0:
+        return 0.0
+    steps = round(math.log(seconds, QUANTUM))
+    return QUANTUM ** steps
+
+
+def time_call(fn: Callable[[], Any], device: torch.device, repeats: int = MIN_SAMPLES) -> float:
+    """Seconds of ``fn``'s fastest run after one warm-up (CUDA events on GPU; one thread on
+    the CPU), on the grid."""
+    with one_thread() if device.type == "cpu" else contextlib.nullcontext():
+        return quantize_seconds(min(samples_of(fn, device, repeats)))
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def samples_of(fn: Callable[[], Any], device: torch.device, repeats: int) -> list[float]:
     fn()
-    samples = []
-    for _ in range(repeats):
+    samples: list[float] = []
+    while len(samples) < max(repeats, 1) or (sum(samples) < SAMPLE_SECONDS and len(samples) < MAX_SAMPLES):
         if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -178,7 +222,7 @@ def time_call(fn: Callable[[], Any], device: torch.device, repeats: int) -> floa
             t0 = time.perf_counter()
             fn()
             samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
+    return samples
 
 
 def count_flops(fn: Callable[[], Any]) -> float:
@@ -282,16 +326,26 @@ def annotate(node: fx.Node, mode: Mode, device: torch.device, cache: TimingCache
 
 
 def profile_graph(graph: fx.Graph, *, mode: Mode = "measure", cache: TimingCache | None = None,
-                  repeats: int = 3) -> dict[str, NodeCost]:
-    """Annotate every node of ``graph`` with ``node.meta["remat"]``; return them by name."""
+                  repeats: int = MIN_SAMPLES, cost_folder: Path | None = None) -> dict[str, NodeCost]:
+    """Annotate every node of ``graph`` with ``node.meta["remat"]``; return them by name.
+
+    With ``cost_folder``, measured costs are read from and added to the op cost table
+    there (:mod:`.cost_table`): an op measured by an earlier process is not measured again.
+    """
     if mode not in ("measure", "analytic"):
         raise ValueError(f"profile mode must be 'measure' or 'analytic', not {mode!r}")
     cache = cache if cache is not None else TimingCache()
     device = device_of(graph)
+    table = CostTable(cost_folder, device) if cost_folder is not None and mode == "measure" else None
+    if table is not None:
+        for sig, entry in table.load().items():
+            cache.entries.setdefault(tuple(json.loads(sig)), entry)
     costs: dict[str, NodeCost] = {}
     with torch.no_grad(), adapter.real_tensors():
         for node in progress(list(graph.nodes), desc="remat: profiling", unit="op"):
             if node.op in ("placeholder", "call_function"):
                 node.meta["remat"] = costs[node.name] = annotate(node, mode, device, cache, repeats)
+    if table is not None:
+        table.store({signature(key): entry for key, entry in cache.entries.items()})
     log.debug("profiled %d nodes, %d cache hits", len(costs), cache.hits)
     return costs

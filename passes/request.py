@@ -18,6 +18,7 @@ class PlanRequest:
     - ``profile``: "measure" (time every op on its device) or "analytic".
     - ``compiler``: "inductor" or "eager" (the partitioned graphs run op by op).
     - ``plan_cache``: the folder plans are kept in, or ``None`` (off).
+    - ``cost_cache``: the folder of the measured op cost table (``passes/cost_table.py``), or ``None``.
     - ``policy``: decisions pinned before the solve (``remat.policies``), or ``None``.
     """
 
@@ -26,6 +27,7 @@ class PlanRequest:
     compiler: str = "inductor"
     plan_cache: Path | None = None
     policy: Policy | None = None
+    cost_cache: Path | None = None
 
     @property
     def budget_bytes(self) -> int | None:

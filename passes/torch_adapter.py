@@ -74,17 +74,22 @@ def saved_values_chooser(choose: ChooseSaved) -> Iterator[None]:
         _partitioners.choose_saved_values_set = _ORIGINAL_CHOOSER
 
 
-GraphHook = Callable[[fx.GraphModule, str], None]
+GraphHook = Callable[[fx.GraphModule, str], object]
 # Inductor keeps a freed buffer allocated until a later buffer of the same
 # size reuses it, however far away: memory the plan counts as free stays
 # held. Freeing at last use makes the step peak where the plan says.
-INDUCTOR_SETTINGS = {"allow_buffer_reuse": False, "fx_graph_cache": False}
+INDUCTOR_SETTINGS = {"allow_buffer_reuse": False}
 
 
 def compile_inductor(
-    gm: fx.GraphModule, example_inputs: Sequence[Any], *, on_graph: GraphHook
+    gm: fx.GraphModule, example_inputs: Sequence[Any], *, on_graph: GraphHook, fx_graph_cache: bool = True
 ) -> Callable[..., Any]:
-    """Compile with Inductor; ``on_graph`` sees each partitioned graph first."""
+    """Compile with Inductor; ``on_graph`` sees each partitioned graph first.
+
+    Inductor's FX graph cache keys on the partitioned graph, so a hit loads this plan's
+    own program; but it generates no code, which the compiled account reads: a caller
+    that needs the account and got a hit compiles again with ``fx_graph_cache=False``.
+    """
 
     def inner(graph: fx.GraphModule, inputs: Sequence[Any], **kwargs: Any) -> Any:
         on_graph(graph, "backward" if kwargs.get("is_backward") else "forward")
@@ -93,10 +98,18 @@ def compile_inductor(
         _PARTITIONED_OUTPUTS.append(output_names(graph))
         # Runs when the graph is compiled (the backward lazily, at its first
         # call), so the settings are applied here rather than around compile_fx.
-        with inductor_config.patch(INDUCTOR_SETTINGS):
+        with inductor_config.patch({**INDUCTOR_SETTINGS, "fx_graph_cache": fx_graph_cache}):
             return compile_fx_inner(graph, inputs, **kwargs)
 
     return compile_fx(gm, example_inputs, inner_compile=inner)
+
+
+def fx_graph_cache_counts() -> dict[str, int]:
+    """Inductor's FX graph cache hits and misses in this process so far."""
+    from torch._dynamo.utils import counters
+
+    inductor = counters["inductor"]
+    return {"hit": inductor["fxgraph_cache_hit"], "miss": inductor["fxgraph_cache_miss"]}
 
 
 def ambient_state() -> Callable[[], contextlib.AbstractContextManager[None]]:
@@ -342,8 +355,10 @@ _SILENT_LINES = tuple(getattr(_wrapper, n) for n in (
 def on_inductor_codegen(callback: Callable[[Any], None]) -> Iterator[None]:
     """Call ``callback(graph_lowering)`` after each wrapper Inductor generates in the block.
 
-    The backward is lowered together with the forward, and the FX graph and
-    AOTAutograd caches are off: a cache hit would skip code generation.
+    The backward is lowered together with the forward, and the FX graph and AOTAutograd
+    caches are off: a hit would skip code generation (and, AOTAutograd's, the partitioner).
+    ``compile_inductor`` turns the FX graph cache back on for each graph it compiles, where
+    its caller says the program is known without reading its code.
     """
     original = _GraphLowering.codegen
 

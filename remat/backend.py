@@ -7,6 +7,7 @@ after ``pip install`` without ``import remat``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -50,6 +51,7 @@ class RematBackend:
         return report
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        self.planner.capture_started = time.perf_counter()
         with adapter.saved_values_chooser(self.planner.choose):
             if self.options.compiler == "eager":
                 return compile_eager(gm, example_inputs, on_graph=self.planner.on_graph)

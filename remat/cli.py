@@ -122,6 +122,21 @@ def cmd_plan(args: argparse.Namespace) -> None:
     model, inputs = load_model(args)
     report = remat.plan(model, *inputs, **option_values(args))
     print(report.to_json(indent=2) if args.json else report.summary())
+    if args.timings and not args.json:
+        print(timings_table(report.timings))
+
+
+def timings_table(timings: dict[str, float]) -> str:
+    """Compile seconds by phase, and the total.
+
+    >>> print(timings_table({"capture": 1.5, "inductor": 10.0}))
+    phase       seconds
+    capture        1.50
+    inductor      10.00
+    total         11.50
+    """
+    rows = [*timings.items(), ("total", sum(timings.values()))]
+    return "\n".join([f"{'phase':<10}{'seconds':>9}", *(f"{phase:<10}{seconds:>9.2f}" for phase, seconds in rows)])
 
 
 def cmd_sweep(args: argparse.Namespace) -> None:
@@ -204,6 +219,8 @@ def parser() -> argparse.ArgumentParser:
     model_arguments(plan)
     option_arguments(plan)
     plan.add_argument("--json", action="store_true", help="the whole report as JSON")
+    plan.add_argument("--timings", action="store_true",
+                      help="where the compile time went: capture, profile, solve, inductor (per graph)")
     plan.set_defaults(run=cmd_plan)
     sweep = sub.add_parser("sweep", help="plan a model at several budgets; print and write the frontier")
     model_arguments(sweep)

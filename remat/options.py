@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from remat import solvers
+from remat.passes.cost_table import cost_dir
 from remat.passes.plan_cache import cache_dir
 from remat.passes.policies import Policy, policy_named
 from remat.passes.request import PlanRequest
@@ -39,7 +40,9 @@ class Options:
       line it runs (see the README, Headroom).
     - ``plan_cache``: ``True`` (default) keeps plans on disk, so a graph
       compiled again skips the solve; a folder path keeps them there;
-      ``False`` turns it off (see ``remat.passes.plan_cache``).
+      ``False`` turns it off (see ``remat.passes.plan_cache``). Measured op
+      costs are kept beside the plans (``costs/`` in that folder, or where
+      ``REMAT_COST_CACHE`` says), so a later process measures no op twice.
     - ``policy``: decisions to pin before the solve (``remat.policies``: a
       :class:`~remat.policies.Policy`, or a built-in one's name such as
       ``"save-matmuls"``); the ILP decides the rest. ``None``: the ILP decides all
@@ -91,7 +94,8 @@ class Options:
     def request(self) -> PlanRequest:
         """The plain request the passes plan from."""
         solve = Request(self.budget_bytes, self.headroom, self.solver, self.time_limit_s)
-        return PlanRequest(solve, self.profile, self.compiler, cache_dir(self.plan_cache), policy_named(self.policy))
+        plans = cache_dir(self.plan_cache)
+        return PlanRequest(solve, self.profile, self.compiler, plans, policy_named(self.policy), cost_dir(plans))
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, object] | None) -> Options:

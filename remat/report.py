@@ -71,6 +71,9 @@ class Report(Deferring):
     realized_peak_bytes: int | None = None
     measured_peak_bytes: int | None = None
     profile_seconds: float = 0.0
+    # wall seconds of this graph's compile by phase: capture (AOTAutograd's joint graph),
+    # profile, solve, inductor (code generation; every plan compiled to fit the budget)
+    timings: dict[str, float] = field(default_factory=dict)
     min_feasible_solve_seconds: float = Deferred(0.0)
     min_cut_seconds: float = Deferred(0.0)  # torch's own partitioner decision, for comparison
     joint_graph_steps: int = 0
@@ -90,6 +93,15 @@ class Report(Deferring):
             raise AttributeError(f"a Report is read-only once built; for a measured peak use "
                                  f"report.with_measured_peak(nbytes), not report.{name} = ...")
         super().__setattr__(name, value)
+
+    def timings_text(self) -> str:
+        """Where this graph's compile time went, one phase after another.
+
+        >>> Report(None, 0, 0, 0.0, "ilp", "optimal", 0.0, None, [], timings={"capture": 1.0, "solve": 0.25}).timings_text()
+        'capture 1.00 s, solve 0.25 s (total 1.25 s)'
+        """
+        phases = ", ".join(f"{phase} {seconds:.2f} s" for phase, seconds in self.timings.items())
+        return f"{phases} (total {sum(self.timings.values()):.2f} s)"
 
     def with_measured_peak(self, nbytes: int | None) -> Report:
         """This report with a step's measured peak (bytes, as the budget counts it) beside the
@@ -190,6 +202,8 @@ class Report(Deferring):
             f"solver                 {self.solver} ({self.solver_status}, gap {gap_text(self.mip_gap)}) "
             f"in {self.solve_seconds:.2f} s",
         ]
+        if self.timings:
+            lines.append(f"compile time           {self.timings_text()}")
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
 
 
@@ -221,6 +235,7 @@ def report_of(plan: Any) -> Report:
         compile_attempts=plan.compile_attempts,
         realized_peak_bytes=plan.realized_peak_bytes,
         profile_seconds=plan.profile_seconds,
+        timings=dict(plan.timings),
         plan_cache=plan.plan_cache,
         **plan.figures,
     )

@@ -1,12 +1,15 @@
-"""Pieces of the benchmark: peers, the Pareto rows' bookkeeping, target checks and Hugging Face models."""
+"""Pieces of the benchmark: peers, the Pareto rows' bookkeeping, target checks, Hugging Face models and the
+compile-time harness's pure parts (no compile runs here)."""
 
 from __future__ import annotations
+
+import sys
 
 import pytest
 import torch
 from torch.utils.checkpoint import CheckpointPolicy
 
-from bench import hf_models, pareto, peers, render
+from bench import compile_time, hf_models, pareto, peers, render
 from remat.zoo import build
 
 
@@ -83,3 +86,67 @@ def test_bench_docstring_examples(module: str) -> None:
 
     result = doctest.testmod(importlib.import_module(module))
     assert result.attempted > 0 and result.failed == 0
+
+
+def _outcome(seconds: float | None, status: str = "ok", **extra: object) -> dict:
+    return {"status": status, "seconds": seconds, **extra}
+
+
+def _compile_time_row(torch_s: dict, remat_s: dict) -> dict:
+    runs = {"torch": {p: compile_time.combine([_outcome(torch_s[p])]) for p in compile_time.PHASES},
+            "remat": {"cold": compile_time.combine([_outcome(remat_s["cold"], plan_cache="stored")]),
+                      "warm": compile_time.combine([_outcome(remat_s["warm"], plan_cache="hit")])}}
+    return compile_time.model_row("gpt-2", {"layers": 2}, 0.0123, runs)
+
+
+def test_compile_time_ratios_and_verdicts() -> None:
+    row = _compile_time_row({"cold": 10.0, "warm": 4.0}, {"cold": 14.0, "warm": 5.0})
+    assert row["ratio"] == {"cold": 1.4, "warm": 1.25}
+    assert row["verdict"] == {"cold": "meets", "warm": "misses"}
+    assert compile_time.verdict(1.5, 1.5) == "meets" and compile_time.verdict(None, 1.5) == "n/a"
+    assert compile_time.ratio(_outcome(None, "timeout"), _outcome(3.0)) is None
+
+
+def test_compile_time_median_of_repeats_and_a_failed_repeat() -> None:
+    runs = [_outcome(3.0, plan_cache="hit"), _outcome(1.0, plan_cache="hit"), _outcome(2.0, plan_cache="stored")]
+    summary = compile_time.combine(runs)
+    assert summary["seconds"] == 2.0 and summary["status"] == "ok" and summary["plan_cache"] == "hit/stored"
+    assert "plan_cache" not in compile_time.combine([_outcome(1.0)])  # torch's runs have none
+    failed = compile_time.combine([_outcome(1.0), _outcome(None, "timeout", timeout_s=5)])
+    assert failed["status"] == "timeout" and failed["seconds"] is None
+
+
+def test_compile_time_markdown_from_a_fake_result() -> None:
+    rows = [_compile_time_row({"cold": 10.0, "warm": 4.0}, {"cold": 14.0, "warm": 5.0})]
+    rows[0]["remat"]["cold"] = compile_time.combine([_outcome(None, "timeout", timeout_s=900)])
+    rows[0]["ratio"]["cold"], rows[0]["verdict"]["cold"] = None, "n/a"
+    meta = {"date": "2026-12-01", "command": "python -m bench.compile_time --models gpt-2", "torch": "2.13.0",
+            "python": "3.11.7", "cpu": "x86_64, 2 cores", "threads": 2, "repeats": 1, "timeout_s": 900.0}
+    text = compile_time.markdown(meta, rows)
+    assert "Command: `python -m bench.compile_time --models gpt-2`" in text and "x86_64, 2 cores" in text
+    assert "| gpt-2 | 10.0 | timeout |  | 4.0 | 5.0 | 1.25 (misses) | hit |" in text
+    assert "- gpt-2: `{\"layers\": 2}`, budget 0.0123 GiB" in text
+
+
+def test_compile_time_worker_timeout_error_and_result(tmp_path) -> None:
+    env, private = {}, {str(tmp_path): "<tmp>"}
+    slow = compile_time.run_command([sys.executable, "-c", "import time; time.sleep(30)"], env, 0.5, private)
+    assert slow == {"status": "timeout", "seconds": None, "timeout_s": 0.5}
+    crash = f"raise SystemExit('no cache in {tmp_path}/inductor')"
+    failed = compile_time.run_command([sys.executable, "-c", crash], env, 30, private)
+    assert failed == {"status": "error", "seconds": None, "error": "no cache in <tmp>/inductor"}
+    ok = compile_time.run_command([sys.executable, "-c", "print('noise'); print('{\"seconds\": 1.5}')"], env, 30, {})
+    assert ok == {"status": "ok", "seconds": 1.5}
+
+
+def test_compile_time_command_line_models_and_caches(tmp_path) -> None:
+    assert compile_time.command_line([]) == "python -m bench.compile_time"
+    assert (compile_time.command_line(["--models", "demo", "gpt-2", "--out", "my results"])
+            == "python -m bench.compile_time --models demo gpt-2 --out 'my results'")
+    assert compile_time.default_models([2, 12]) == ["demo", "gpt-2", "gpt-12"]
+    assert compile_time.model_size("gpt-12")["layers"] == 12
+    with pytest.raises(ValueError, match="unknown model"):
+        compile_time.model_size("llama-2")
+    env = compile_time.cache_env(tmp_path)
+    assert set(env) == {"TORCHINDUCTOR_CACHE_DIR", "REMAT_PLAN_CACHE", "REMAT_COST_CACHE"}
+    assert len({*env.values()}) == 3 and all(v.startswith(str(tmp_path)) for v in env.values())

@@ -16,6 +16,15 @@ def test_plan_prints_a_summary(capsys) -> None:  # type: ignore[no-untyped-def]
     assert "predicted peak" in capsys.readouterr().out
 
 
+def test_plan_timings_say_where_compile_time_went(capsys) -> None:  # type: ignore[no-untyped-def]
+    assert cli.main(["plan", "gpt", "--layers", "1", "--timings"]) == 0  # under Inductor: every phase
+    table = capsys.readouterr().out.split("phase", 1)[1].splitlines()[1:]
+    seconds = {line.split()[0]: float(line.split()[1]) for line in table if line.strip()}
+    assert list(seconds) == ["capture", "profile", "solve", "inductor", "total"]
+    assert all(s > 0 for s in seconds.values()) and seconds["total"] == pytest.approx(
+        sum(s for phase, s in seconds.items() if phase != "total"), abs=0.02)
+
+
 def test_plan_json_is_the_report(capsys) -> None:  # type: ignore[no-untyped-def]
     assert cli.main(["plan", "mlp-dropout", "--compiler", "eager", "--json", "--set", "width=32"]) == 0
     assert json.loads(capsys.readouterr().out)["nodes"]

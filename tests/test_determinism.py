@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -26,10 +27,12 @@ print(json.dumps({"saved": sorted(r.saved), "recomputed": sorted(r.recomputed), 
 """
 
 
-def _plans_in_new_processes(count: int, budget: float, compiler: str, profile: str, cache: str) -> list[dict]:
+def _plans_in_new_processes(count: int, budget: float, compiler: str, profile: str, cache: str,
+                            env: dict[str, str] | None = None) -> list[dict]:
     """Plan in ``count`` fresh processes at once (they share nothing, so they may overlap)."""
     argv = [sys.executable, "-c", PLAN_IN_A_NEW_PROCESS, str(budget), compiler, profile, cache, str(LAYERS)]
-    running = [subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    running = [subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, **(env or {})})
                for _ in range(count)]
     plans = []
     for process in running:
@@ -39,8 +42,9 @@ def _plans_in_new_processes(count: int, budget: float, compiler: str, profile: s
     return plans
 
 
-def _plan_in_new_process(budget: float, compiler: str, profile: str, cache: str) -> dict:
-    return _plans_in_new_processes(1, budget, compiler, profile, cache)[0]
+def _plan_in_new_process(budget: float, compiler: str, profile: str, cache: str,
+                         env: dict[str, str] | None = None) -> dict:
+    return _plans_in_new_processes(1, budget, compiler, profile, cache, env)[0]
 
 
 def _binding_budget(compiler: str, profile: str) -> float:
@@ -69,4 +73,18 @@ def test_measured_plans_agree_across_processes_through_the_plan_cache(tmp_path: 
     first = _plan_in_new_process(budget, "eager", "measure", str(tmp_path))
     second = _plan_in_new_process(budget, "eager", "measure", str(tmp_path))
     assert (first["cache"], second["cache"]) == ("stored", "hit")
+    assert first["recomputed"] and (first["saved"], first["recomputed"]) == (second["saved"], second["recomputed"])
+
+
+def test_measured_plans_agree_across_processes_through_the_cost_table(tmp_path: pathlib.Path) -> None:
+    """The plan cache off, the op cost table on: the second process times no op, it reads
+    the first one's times, so it makes the same plan (a plan depends only on its costs)."""
+    budget = _binding_budget("eager", "measure")
+    env = {"REMAT_COST_CACHE": str(tmp_path)}
+    first = _plan_in_new_process(budget, "eager", "measure", "off", env)
+    (table,) = tmp_path.glob("*.json")
+    written = table.stat().st_mtime_ns
+    second = _plan_in_new_process(budget, "eager", "measure", "off", env)
+    assert (first["cache"], second["cache"]) == ("", "")
+    assert table.stat().st_mtime_ns == written  # nothing new was measured
     assert first["recomputed"] and (first["saved"], first["recomputed"]) == (second["saved"], second["recomputed"])

@@ -13,6 +13,7 @@ from torch import nn
 
 import remat
 from remat.errors import GIB
+from tests.conftest import build
 
 
 def grads(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -123,6 +124,21 @@ def test_mark_dynamic_without_a_budget_keeps_one_symbolic_plan() -> None:
         compiled(x).sum().backward()
         reference(x).sum().backward()
     assert len(remat.reports(compiled)) == 1
+    assert_same_grads(model, reference)
+
+
+def test_a_second_size_of_a_transformer_without_a_budget_plans_its_symbolic_graph() -> None:
+    """dynamo compiles a second size of the same code with symbolic sizes: reshapes then read
+    sizes computed in the graph (SymInt nodes), which the backward gets for free."""
+    first, first_inputs = build("gpt", layers=1, seq=32)
+    remat.plan(first, *first_inputs, compiler="eager")
+    model, inputs = build("gpt", layers=1, seq=48)
+    reference = copy.deepcopy(model)
+    report = remat.plan(model, *inputs, compiler="eager")
+    assert report.saved and report.predicted_peak_bytes <= report.store_all_peak_bytes
+    compiled = remat.compile(model, compiler="eager")
+    compiled(*inputs).backward()
+    reference(*inputs).backward()
     assert_same_grads(model, reference)
 
 

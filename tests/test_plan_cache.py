@@ -13,6 +13,7 @@ import torch
 
 import remat
 from remat.passes import partition, plan_cache
+from remat.passes import torch_adapter as adapter
 from tests.conftest import budget_between, build, planned
 
 
@@ -141,3 +142,64 @@ def test_an_unwritable_folder_warns_and_plans(tmp_path: pathlib.Path, caplog: py
     with caplog.at_level(logging.WARNING, logger="remat.passes.plan_cache"):
         report = _plan(blocker / "plans")
     assert report.plan_cache == "" and "could not write the plan cache" in caplog.text
+
+
+ACCOUNTED = "gpt-softmax"
+
+
+def _compile_step(folder: pathlib.Path | bool, budget: float) -> tuple[remat.Report, dict[str, int], torch.nn.Module]:
+    """One step of the one-block softmax GPT under Inductor (its plans differ between the two
+    budgets below); its report, Inductor's FX graph cache hits and misses during it, and the
+    model (for its gradients)."""
+    torch._dynamo.reset()
+    model, inputs = build(ACCOUNTED, layers=1)
+    before = adapter.fx_graph_cache_counts()
+    compiled = remat.compile(model, budget_gb=budget, plan_cache=folder if isinstance(folder, bool) else str(folder))
+    compiled(*inputs).backward()
+    after = adapter.fx_graph_cache_counts()
+    (report,) = remat.reports(compiled)
+    return report, {k: after[k] - before[k] for k in after}, model
+
+
+def test_a_plan_from_the_cache_loads_its_program_from_inductors_cache(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    report = planned(ACCOUNTED, "inductor", layers=1)
+    budget, other_budget = budget_between(report, 0.2), budget_between(report, 0.7)
+    first, counts, _ = _compile_step(tmp_path / "plans", budget)
+    assert first.plan_cache == "stored" and counts["hit"] == 0 and first.compiled_peak_bytes
+    assert list(first.timings) == ["capture", "profile", "solve", "inductor"]
+    # a second compile: remat's plan and the program Inductor generated for it are both loaded
+    again, counts, model = _compile_step(tmp_path / "plans", budget)
+    assert again.plan_cache == "hit" and counts == {"hit": 2, "miss": 0}
+    assert list(again.timings) == ["capture", "inductor"]  # nothing profiled or solved
+    assert (again.recomputed, again.compiled_peak_bytes) == (first.recomputed, first.compiled_peak_bytes)
+    eager_model, inputs = build(ACCOUNTED, layers=1)
+    eager_model(*inputs).backward()
+    for p, p_ref in zip(model.parameters(), eager_model.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, p_ref.grad, rtol=1e-4, atol=1e-5)
+    # another budget is another plan, and its account is its own program's: the same as in an
+    # empty Inductor cache (a hit here is a plan the fitting loop compiled on its way to the first)
+    other, _, _ = _compile_step(tmp_path / "plans", other_budget)
+    assert other.plan_cache == "stored" and other.recomputed != first.recomputed
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "empty-inductor"))
+    alone, counts, _ = _compile_step(False, other_budget)
+    assert counts["hit"] == 0 and alone.recomputed == other.recomputed  # costs are cached per process
+    assert other.compiled_peak_bytes == alone.compiled_peak_bytes != first.compiled_peak_bytes
+
+
+def test_a_program_from_inductors_cache_without_a_stored_account_is_generated_again(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another plan cache (or none) while Inductor's cache holds the program (an earlier process
+    compiled the same plan): remat compiles the same plan again, uncached, to read its account."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    budget = budget_between(planned(ACCOUNTED, "inductor", layers=1), 0.2)
+    first, _, _ = _compile_step(tmp_path / "plans", budget)
+    calls = []
+    real_solve = partition.solve
+    monkeypatch.setattr(partition, "solve", lambda *a, **k: calls.append(1) or real_solve(*a, **k))
+    again, counts, _ = _compile_step(tmp_path / "other-plans", budget)  # costs are cached per process: the same plan
+    assert again.plan_cache == "stored" and again.recomputed == first.recomputed
+    # Inductor's program found, then generated for the same plan: one solve per plan compiled
+    assert counts["hit"] >= 1 and len(calls) == again.compile_attempts
+    assert again.compiled_peak_bytes == first.compiled_peak_bytes
