@@ -52,6 +52,15 @@ def compile_fitted(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: P
         planner.target, planner.settle_for_lowest = None, False
 
 
+def compile_given(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
+                  compile_graph: Compile) -> Callable[..., Any]:
+    """Compile ``gm`` with the plan the planner was given (``planner.given``: rank 0 fitted it
+    to the budget), once: every rank compiles the same program."""
+    compiled, plan, _ = compile_once(gm, example_inputs, planner, compile_graph)
+    plan.compile_attempts = 1
+    return compiled
+
+
 def fit(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
         compile_graph: Compile) -> Callable[..., Any]:
     target: int | None = None
@@ -138,7 +147,8 @@ def compile_once(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Pla
     plan = planner.plans[-1]
     plan.timings["inductor"] = time.perf_counter() - planner.chosen_at
     if len(programs) < 2:  # Inductor's cache had the program: no code to read
-        if plan.plan_cache == "hit" and plan.compiled_peak_bytes is not None:
+        # a plan loaded (from the plan cache, or from rank 0) carries its program's account
+        if plan.plan_cache in ("hit", "rank 0") and plan.compiled_peak_bytes is not None:
             return compiled, plan, plan.compiled_peak_bytes
         del planner.plans[planned:]
         planner.replay = plan  # not planned again: the same plan, its program generated this time

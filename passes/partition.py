@@ -25,7 +25,7 @@ from remat.solvers.problem import Problem
 from remat.solvers.simulate import evaluate
 from remat.solvers.solution import Solution, Status
 
-from . import plan_cache
+from . import plan_cache, ranks
 from . import torch_adapter as adapter
 from .memory import realized_peak, recomputed_in
 from .problem import build_problem
@@ -69,6 +69,9 @@ class GraphPlan:
     cache_key: dict[str, object] | None = None  # the plan cache key it was stored under
     compiled_peak_bytes: int | None = None  # what the program Inductor generated peaks at
     compile_attempts: int = 0
+    rank: int = 0  # under torch.distributed: this process's rank, and how many ranks agreed on the plan
+    world_size: int = 1
+    node_order: list[str] = field(default_factory=list)  # the joint graph's node names, in order
     realized_peak_bytes: int | None = None
     figures: dict[str, object] = field(default_factory=dict)
     deferred: list[tuple[tuple[str, ...], Figures]] = field(default_factory=list)
@@ -188,6 +191,9 @@ class Planner:
         self.storing = True
         # A plan made already, to hand out again at the next call (its graph compiled once more)
         self.replay: GraphPlan | None = None
+        # Under torch.distributed, on ranks other than 0: rank 0's plan record and its joint
+        # graph's node names, for the next graph (remat/backend.py)
+        self.given: tuple[dict, list[str]] | None = None
         # set by the backend (or the fitting loop) when the joint graph's capture begins
         self.capture_started: float | None = None
         self.chosen_at = 0.0  # when the last saved set was handed to torch
@@ -206,24 +212,15 @@ class Planner:
         # sizes are pinned (guarded), so another size compiles and plans anew.
         specialized = self.request.budget_bytes is not None and adapter.specialize_sizes(joint_graph)
         forward = {n.name for n in joint_graph.nodes if node_info.is_required_fw(n)}
-        key = cached = None
-        if self.disk is not None:
-            # the fitting loop's last plan is stored under the default key: the next
-            # process starts from the plan that fitted
-            key = plan_cache.graph_key(joint_graph, self.request, plan_cache.graph_device(joint_graph))
-            cached = self.disk.load(key, joint_graph) if self.target is None and self.replay is None else None
         if self.replay is not None:  # the same graph compiled again (passes/fit.py): the same plan
             plan, self.replay = self.replay, None
             plan.graphs = {}
-        elif cached is not None:
-            plan = self.plan_from_cache(cached, forward, joint_graph, node_info)
+        elif self.given is not None:
+            plan = self.plan_given(joint_graph, node_info, forward)
         else:
-            plan = self.make_plan(joint_graph, node_info, forward)
-            if specialized:
-                plan.notes.append("dynamic sizes pinned: each new size is planned under the budget again")
-            if key is not None and self.storing:  # the plan cache is on
-                plan.plan_cache = "stored" if self.disk.store(key, plan_cache.entry_of(plan)) else ""
-                plan.cache_key = key
+            plan = self.local_plan(joint_graph, node_info, forward, specialized)
+        plan.node_order = [n.name for n in joint_graph.nodes]
+        self.note_rank(plan)
         if self.capture_started is not None:
             plan.timings = {"capture": entered - self.capture_started, **plan.timings}
         self.plans.append(plan)
@@ -232,6 +229,43 @@ class Planner:
         if self.stop_after_plan:
             raise PlanComplete
         return nodes_to_save(joint_graph, node_info, plan.solution)
+
+    def plan_given(self, joint_graph: fx.Graph, node_info: adapter.NodeInfo, forward: set[str]) -> GraphPlan:
+        """The plan rank 0 compiled for this graph (``passes/ranks.py``), nothing profiled or solved."""
+        (record, names), self.given = self.given, None
+        cached = plan_cache.plan_of_record(ranks.in_own_names(record, names, joint_graph))
+        plan = self.plan_from_cache(cached, forward, joint_graph, node_info)
+        plan.plan_cache = "rank 0"
+        plan.notes.append(f"saved set decided by rank 0 of {ranks.world()[1]} and sent to every rank")
+        return plan
+
+    def note_rank(self, plan: GraphPlan) -> None:
+        plan.rank, plan.world_size = ranks.world()
+        if plan.world_size > 1 and self.request.budget_bytes is not None:
+            note = ("the budget bounds this graph's own step: memory the rank holds outside it (other graphs' "
+                    "kept activations, FSDP's unsharded parameters and buffers, shards, eager code) is not counted")
+            if note not in plan.notes:
+                plan.notes.append(note)
+            ranks.warn_once(note)
+
+    def local_plan(self, joint_graph: fx.Graph, node_info: adapter.NodeInfo, forward: set[str],
+                   specialized: bool) -> GraphPlan:
+        """The plan from the plan cache, or profiled and solved here (and stored)."""
+        key = cached = None
+        if self.disk is not None:
+            # the fitting loop's last plan is stored under the default key: the next
+            # process starts from the plan that fitted
+            key = plan_cache.graph_key(joint_graph, self.request, plan_cache.graph_device(joint_graph))
+            cached = self.disk.load(key, joint_graph) if self.target is None else None
+        if cached is not None:
+            return self.plan_from_cache(cached, forward, joint_graph, node_info)
+        plan = self.make_plan(joint_graph, node_info, forward)
+        if specialized:
+            plan.notes.append("dynamic sizes pinned: each new size is planned under the budget again")
+        if key is not None and self.storing:  # the plan cache is on
+            plan.plan_cache = "stored" if self.disk.store(key, plan_cache.entry_of(plan)) else ""
+            plan.cache_key = key
+        return plan
 
     def profiled(self, joint_graph: fx.Graph, node_info: adapter.NodeInfo) -> tuple[Problem, dict]:
         """The graph's problem, and the costs profiled for it."""
@@ -267,6 +301,7 @@ class Planner:
                          profile_seconds=profile_seconds, timings=timings)
         if self.target is not None:
             plan.notes.append(f"planned to {format_bytes(self.target)} so that the compiled program fits")
+        plan.notes.extend(region_notes(joint_graph, forward, self.request.checkpoint_regions))
         self.defer_figures(plan, min_cut)
         return plan
 
@@ -317,6 +352,18 @@ class Planner:
         if kind == "backward":
             check_realized(plan)
             plan.graphs = dict.fromkeys(plan.graphs)  # matched and checked: the modules are not kept alive
+
+
+def region_notes(joint_graph: fx.Graph, forward: set[str], regions: str) -> list[str]:
+    """What became of the ops the model wraps in ``torch.utils.checkpoint``, if it wraps any."""
+    inside = sum(1 for n in joint_graph.nodes if n.name in forward and adapter.recompute_tag(n) == "prefer_recompute")
+    if not inside:
+        return []
+    if regions == "plan":
+        return [f"{inside} ops inside torch.utils.checkpoint regions planned by remat like the rest "
+                "(checkpoint_regions=\"plan\")"]
+    return [f"{inside} ops inside torch.utils.checkpoint regions recomputed as the model asks "
+            "(checkpoint_regions=\"plan\" lets remat decide)"]
 
 
 def one_line(plan: GraphPlan) -> str:

@@ -88,9 +88,13 @@ def cache_dir(setting: bool | str | os.PathLike[str]) -> Path | None:
 
 def graph_key(graph: fx.Graph, request: PlanRequest, device: str) -> dict[str, Any]:
     """Everything a plan depends on, as plain data."""
+    return {"format": FORMAT, "graph": graph_fingerprint(graph), **request_key(request), "device": device,
+            "torch": torch.__version__, "remat": _remat_version()}
+
+
+def request_key(request: PlanRequest) -> dict[str, Any]:
+    """What of the request a plan depends on."""
     return {
-        "format": FORMAT,
-        "graph": graph_fingerprint(graph),
         "budget_bytes": request.solve.budget_bytes,
         "headroom": request.solve.headroom,
         "solver": request.solve.solver,
@@ -98,9 +102,6 @@ def graph_key(graph: fx.Graph, request: PlanRequest, device: str) -> dict[str, A
         "compiler": request.compiler,
         "time_limit_s": request.solve.time_limit_s,
         "policy": None if request.policy is None else request.policy.name,
-        "device": device,
-        "torch": torch.__version__,
-        "remat": _remat_version(),
     }
 
 
@@ -109,7 +110,7 @@ def graph_fingerprint(graph: fx.Graph) -> str:
     digest = hashlib.sha256()
     for node in graph.nodes:
         digest.update(repr((node.name, node.op, str(node.target), _plain(node.args), _plain(node.kwargs),
-                            _describe(node.meta.get("val")))).encode())
+                            describe(node.meta.get("val")))).encode())
     return digest.hexdigest()
 
 
@@ -118,11 +119,12 @@ def _plain(value: Any) -> Any:
     return fx.node.map_arg(value, lambda n: f"%{n.name}")
 
 
-def _describe(val: Any) -> Any:
+def describe(val: Any) -> Any:
+    """A value's shapes, strides, dtypes and device, as plain data."""
     if isinstance(val, torch.Tensor):
         return (tuple(map(str, val.shape)), tuple(map(str, val.stride())), str(val.dtype), val.device.type)
     if isinstance(val, (list, tuple)):
-        return tuple(_describe(v) for v in val)
+        return tuple(describe(v) for v in val)
     return type(val).__name__ if val is not None else None
 
 
@@ -153,10 +155,7 @@ class PlanCache:
 
     def store(self, key: dict[str, Any], plan: CachedPlan) -> bool:
         """Write ``plan`` under ``key``; False (and a warning) if the folder is not writable."""
-        body = {"key": key, "saved": sorted(plan.saved), "recomputed": sorted(plan.recomputed),
-                "random": sorted(plan.random), "target": plan.target, "solution": plan.solution,
-                "notes": list(plan.notes), "figures": plan.figures, "compiled_peak": plan.compiled_peak,
-                "problem": problem_to_dict(plan.problem)}
+        body = {"key": key, **record_of(plan)}
         entry = {**body, "checksum": _digest(body)}
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -175,9 +174,33 @@ def _entry_to_plan(entry: dict[str, Any], key: dict[str, Any]) -> CachedPlan:
         raise ValueError("checksum mismatch (a damaged or edited file)")
     if entry["key"] != key:
         raise ValueError("made for another graph, budget, device or version")
-    return CachedPlan(problem_from_dict(entry["problem"]), frozenset(entry["saved"]), frozenset(entry["recomputed"]),
-                      frozenset(entry["random"]), entry["target"], dict(entry["solution"]), tuple(entry["notes"]),
-                      dict(entry["figures"]), entry["compiled_peak"])
+    return plan_of_record(entry)
+
+
+def record_of(plan: CachedPlan) -> dict[str, Any]:
+    """``plan`` as JSON-able data: what a cache file holds besides its key and checksum (and what
+    rank 0 sends the other ranks, ``passes/ranks.py``)."""
+    return {"saved": sorted(plan.saved), "recomputed": sorted(plan.recomputed), "random": sorted(plan.random),
+            "target": plan.target, "solution": plan.solution, "notes": list(plan.notes), "figures": plan.figures,
+            "compiled_peak": plan.compiled_peak, "problem": problem_to_dict(plan.problem)}
+
+
+def plan_of_record(record: dict[str, Any]) -> CachedPlan:
+    return CachedPlan(problem_from_dict(record["problem"]), frozenset(record["saved"]),
+                      frozenset(record["recomputed"]), frozenset(record["random"]), record["target"],
+                      dict(record["solution"]), tuple(record["notes"]), dict(record["figures"]),
+                      record["compiled_peak"])
+
+
+def renamed_record(record: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    """``record`` with every node name replaced by ``names[name]`` (another rank's names for the same graph)."""
+    rename = names.__getitem__
+    problem = record["problem"]
+    values = [{**v, "name": rename(v["name"]), "operands": [rename(o) for o in v["operands"]],
+               "keep_operands": [rename(o) for o in v["keep_operands"]]} for v in problem["values"]]
+    problem = {**problem, "values": values, "step_names": [rename(n) for n in problem["step_names"]]}
+    lists = {k: sorted(map(rename, record[k])) for k in ("saved", "recomputed", "random")}
+    return {**record, **lists, "problem": problem}
 
 
 def _digest(data: Any) -> str:

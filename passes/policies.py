@@ -90,10 +90,21 @@ def _user_tags(node: fx.Node) -> Verdict | None:
     return None
 
 
+def _checkpoint_region(node: fx.Node) -> Verdict | None:
+    """An op inside a region the model wraps in ``torch.utils.checkpoint`` (torch tags each
+    such op PREFER_RECOMPUTE): recomputed, as the model asks and as torch does."""
+    if adapter.recompute_tag(node) == "prefer_recompute":
+        return Verdict(Pin.MUST_RECOMPUTE, "inside a torch.utils.checkpoint region: recomputed as the model asks "
+                                           "(checkpoint_regions=\"plan\" lets remat decide)")
+    return None
+
+
 never_recompute_random = Policy("never-recompute-random", _random)
 never_recompute_mutations = Policy("never-recompute-mutations", _mutation)
 never_recompute_collectives = Policy("never-recompute-untagged-collectives", _collective)
 user_tags = Policy("checkpoint-tags", _user_tags)
+# Applied after SAFETY unless ``checkpoint_regions="plan"`` (remat.Options): see :func:`with_regions`.
+recompute_checkpoint_regions = Policy("recompute-checkpoint-regions", _checkpoint_region)
 # Always first: what would be wrong to recompute, then what the user tagged in the model.
 SAFETY = never_recompute_random | never_recompute_mutations | user_tags | never_recompute_collectives
 
@@ -131,7 +142,7 @@ def _pin_ops(verb: str, pin: Pin, names: tuple[str, ...]) -> Policy:
 
 
 BUILT_IN = {p.name: p for p in (save_matmuls, never_recompute_random, never_recompute_mutations,
-                                never_recompute_collectives, user_tags)}
+                                never_recompute_collectives, user_tags, recompute_checkpoint_regions)}
 
 
 def policy_named(policy: Policy | str | None) -> Policy | None:
@@ -141,6 +152,15 @@ def policy_named(policy: Policy | str | None) -> Policy | None:
     if isinstance(policy, str) and policy in BUILT_IN:
         return BUILT_IN[policy]
     raise ValueError(f"policy must be a remat.policies.Policy or one of {sorted(BUILT_IN)}, not {policy!r}")
+
+
+def with_regions(policy: Policy | None, regions: str) -> Policy | None:
+    """The user's policy after the model's own checkpoint regions, unless ``regions`` is
+    "plan" (remat decides inside them too): a region the user wrapped in ``checkpoint`` is
+    recomputed as asked, whatever the policy says of its ops."""
+    if regions == "plan":
+        return policy
+    return recompute_checkpoint_regions if policy is None else recompute_checkpoint_regions | policy
 
 
 def with_safety(policy: Policy | None) -> Policy:

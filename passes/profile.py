@@ -292,7 +292,11 @@ def op_cost(node: fx.Node, mode: Mode, device: torch.device, cache: TimingCache,
         return cache.entries[key]
     peaks = DevicePeaks.for_device(device)
     result: tuple[float, float, int, bool] | None = None
-    if mode == "measure":
+    if adapter.is_collective(node):
+        # never run alone: its peers are not running it (a rank waiting for rank 0's plan,
+        # passes/ranks.py, would leave rank 0 blocked in it); costed as the bytes it moves
+        result = (analytic_seconds(0.0, moved_bytes(node), peaks), 0.0, 0, False)
+    elif mode == "measure":
         try:
             seconds, flops, workspace = measure_op(node, device, repeats)
             result = (seconds, flops, workspace, True)

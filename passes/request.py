@@ -20,6 +20,7 @@ class PlanRequest:
     - ``plan_cache``: the folder plans are kept in, or ``None`` (off).
     - ``cost_cache``: the folder of the measured op cost table (``passes/cost_table.py``), or ``None``.
     - ``policy``: decisions pinned before the solve (``remat.policies``), or ``None``.
+    - ``checkpoint_regions``: "recompute" (the policy already pins them) or "plan".
     """
 
     solve: Request = field(default_factory=Request)
@@ -28,6 +29,7 @@ class PlanRequest:
     plan_cache: Path | None = None
     policy: Policy | None = None
     cost_cache: Path | None = None
+    checkpoint_regions: str = "recompute"  # or "plan": remat decides inside torch.utils.checkpoint regions
 
     @property
     def budget_bytes(self) -> int | None:

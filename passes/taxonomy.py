@@ -121,6 +121,8 @@ def node_category(node: fx.Node) -> str:
         return node_category(source) if isinstance(source, fx.Node) else "multi-output"
     if is_random(node):  # before the name: SDPA with dropout is random, without it attention
         return "random"
+    if adapter.is_collective(node):
+        return "collective"
     return op_category(node.target)
 
 

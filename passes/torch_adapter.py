@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -102,6 +104,18 @@ def compile_inductor(
             return compile_fx_inner(graph, inputs, **kwargs)
 
     return compile_fx(gm, example_inputs, inner_compile=inner)
+
+
+def compiling_ddp_bucket() -> bool:
+    """Whether the backend is being called by dynamo's DDP optimizer for one bucket's piece of a
+    graph it split in several (from its ``compile_submod``; no flag says so; one bucket is not split)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "compile_submod" and frame.f_code.co_filename.endswith(
+                os.path.join("backends", "distributed.py")):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def fx_graph_cache_counts() -> dict[str, int]:

@@ -11,7 +11,7 @@ import torch
 
 from remat.passes import torch_adapter as adapter
 from remat.passes.partition import PlanComplete
-from remat.passes.torch_errors import capture_problem
+from remat.passes.torch_errors import capture_problem, without_interpreter_note
 
 from .backend import RematBackend, named_reports
 from .errors import BudgetError, GraphError, PlanError, SolverUnavailable
@@ -25,8 +25,8 @@ _BACKENDS: weakref.WeakKeyDictionary[Any, RematBackend] = weakref.WeakKeyDiction
 
 def compile(model: F, budget_gb: float | None = None, *, solver: str = "ilp", time_limit_s: float = 30.0,
             profile: str = "measure", compiler: str = "inductor", headroom: float | None = None,
-            plan_cache: bool | str = True, policy: Policy | str | None = None, dynamic: bool | None = None,
-            fullgraph: bool = False) -> F:
+            plan_cache: bool | str = True, policy: Policy | str | None = None, checkpoint_regions: str = "recompute",
+            dynamic: bool | None = None, fullgraph: bool = False) -> F:
     """``torch.compile`` whose partitioner fits each graph's step in ``budget_gb`` GiB.
 
     Raises :class:`remat.BudgetError` at the first call if the budget is below
@@ -34,6 +34,11 @@ def compile(model: F, budget_gb: float | None = None, *, solver: str = "ilp", ti
     compiled graph.
     """
     options = Options.pick(locals())
+    if fullgraph and is_fully_sharded(model):
+        raise GraphError("fullgraph=True cannot capture an FSDP2 (fully_shard) model whole: FSDP2's hooks run "
+                         "outside compiled graphs. Compile each block instead (torchtitan's order: checkpoint "
+                         "wrap, remat.compile or block.compile(backend='remat') per block, then fully_shard), "
+                         "or drop fullgraph=True.")
     backend = RematBackend(options)
     compiled = torch.compile(model, backend=backend, dynamic=dynamic, fullgraph=fullgraph)
     if isinstance(compiled, torch.nn.Module):
@@ -42,6 +47,15 @@ def compile(model: F, budget_gb: float | None = None, *, solver: str = "ilp", ti
         compiled = raising_budget_errors(compiled)
     _BACKENDS[compiled] = backend
     return compiled  # type: ignore[return-value]
+
+
+def is_fully_sharded(model: object) -> bool:
+    """Whether ``model`` or one of its submodules was wrapped by FSDP2's ``fully_shard``."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch built without distributed
+        return False
+    return isinstance(model, torch.nn.Module) and any(isinstance(m, FSDPModule) for m in model.modules())
 
 
 def raising_budget_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -54,7 +68,7 @@ def raising_budget_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as exc:
             inner = adapter.unwrap_backend_error(exc)
             if isinstance(inner, (BudgetError, PlanError, ValueError, TypeError, SolverUnavailable)):
-                raise inner from None
+                raise without_interpreter_note(inner) from None
             explained = graph_error(exc)
             if explained is not None:
                 raise explained from None
@@ -69,6 +83,12 @@ def graph_error(exc: BaseException) -> GraphError | None:
     if problem is None:
         return None
     kind, what = problem
+    if kind == "ddp-bucket":
+        return GraphError(
+            "torch.compile splits a DDP model's graph at DDP's gradient buckets, and refused these: the "
+            "first bucket (the last layers, bucketed first) is larger than the others, as happens with a "
+            "small bucket_cap_mb. Raise bucket_cap_mb (torch's default is 25), or compile one graph with "
+            "torch._dynamo.config.optimize_ddp = False.")
     if kind == "dynamic":
         return GraphError(
             f"remat pins dynamic sizes under a budget (a plan holds for the sizes it was made at), but "
@@ -95,7 +115,7 @@ def reports(compiled: Any = None) -> list[Report]:
 def plan(model: Callable[..., Any], *inputs: Any, budget_gb: float | None = None, solver: str = "ilp",
          time_limit_s: float = 30.0, profile: str = "measure", compiler: str = "inductor",
          headroom: float | None = None, plan_cache: bool | str = True,
-         policy: Policy | str | None = None) -> Report:
+         policy: Policy | str | None = None, checkpoint_regions: str = "recompute") -> Report:
     """Plan ``model(*inputs)`` under ``budget_gb`` and return the Report.
 
     No training step runs and no parameter, buffer or gradient changes:

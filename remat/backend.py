@@ -14,8 +14,10 @@ from typing import Any
 import torch.fx as fx
 
 from remat.passes import torch_adapter as adapter
+from remat.solvers.errors import GraphError
 from remat.passes.eager_compiler import compile_eager
-from remat.passes.fit import compile_fitted, defer_min_feasible
+from remat.passes import plan_cache, ranks
+from remat.passes.fit import compile_fitted, compile_given, defer_min_feasible
 from remat.passes.partition import GraphPlan, PlanComplete, Planner
 
 from .options import Options
@@ -51,16 +53,63 @@ class RematBackend:
         return report
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        if self.options.budget_gb is not None and adapter.compiling_ddp_bucket():
+            raise GraphError(
+                "under a budget remat compiles a DDP model as one graph: torch.compile splits it at DDP's "
+                "gradient buckets (dynamo's DDP optimizer), and each piece would get the whole budget while "
+                "the others' activations stay alive, so the rank's step would exceed it. Set "
+                "torch._dynamo.config.optimize_ddp = False before compiling (DDP still overlaps its "
+                "allreduces with the backward), or drop budget_gb.")
+        agreement = ranks.Agreement.for_graph(gm.graph, self.planner.request)
+        if agreement is not None and not agreement.decides:
+            return self.follow(gm, example_inputs, agreement)
+        planned = len(self.planner.plans)
+        try:
+            compiled = self.compile(gm, example_inputs)
+        except PlanComplete:
+            self.tell(agreement, planned)
+            raise
+        except Exception as exc:
+            if agreement is not None:  # the other ranks raise it too, instead of waiting
+                agreement.send_error(exc)
+            raise
+        self.tell(agreement, planned)
+        return compiled
+
+    def compile(self, gm: fx.GraphModule, example_inputs: Sequence[Any], *, given: bool = False) -> Callable[..., Any]:
+        """Plan and compile one captured graph; ``given``: with the plan the planner was handed."""
         self.planner.capture_started = time.perf_counter()
         with adapter.saved_values_chooser(self.planner.choose):
             if self.options.compiler == "eager":
                 return compile_eager(gm, example_inputs, on_graph=self.planner.on_graph)
             # Inductor: compile, account for the program it generated, plan tighter while it is over
-            compiled = compile_fitted(gm, example_inputs, self.planner, adapter.compile_inductor)
+            # (rank 0 did that for a given plan: it is compiled as it is)
+            fitted = compile_given if given else compile_fitted
+            compiled = fitted(gm, example_inputs, self.planner, adapter.compile_inductor)
             if self.stop_after_plan:  # remat.plan: its smallest feasible budget is the compiled one
                 defer_min_feasible(gm, example_inputs, self.planner, adapter.compile_inductor)
                 raise PlanComplete
             return compiled
+
+    def tell(self, agreement: ranks.Agreement | None, planned: int) -> None:
+        """Rank 0: send the plan it compiled for the graph (None when it planned none)."""
+        if agreement is not None:
+            plan = self.planner.plans[-1] if len(self.planner.plans) > planned else None
+            record = None if plan is None else plan_cache.record_of(plan_cache.entry_of(plan))
+            agreement.send(record, [] if plan is None else plan.node_order)
+
+    def follow(self, gm: fx.GraphModule, example_inputs: Sequence[Any], agreement: ranks.Agreement) -> Callable[..., Any]:
+        """A rank other than 0: compile rank 0's plan for the graph, or raise rank 0's error."""
+        t0 = time.perf_counter()
+        self.planner.given = agreement.receive()
+        waited = time.perf_counter() - t0
+        planned = len(self.planner.plans)
+        try:
+            return self.compile(gm, example_inputs, given=self.planner.given is not None)
+        finally:
+            self.planner.given = None
+            if len(self.planner.plans) > planned:
+                self.planner.plans[-1].timings["agree"] = waited
 
 
 def remat_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | None = None,

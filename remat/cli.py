@@ -190,6 +190,9 @@ OPTION_FLAGS: dict[str, dict[str, Any]] = {
     "plan_cache": {"type": lambda text: {"on": True, "off": False}.get(text, text), "metavar": "on|off|DIR",
                    "help": "default on"},
     "policy": {"metavar": "NAME", "help": "pin decisions by a built-in policy (remat.policies), e.g. save-matmuls"},
+    "checkpoint_regions": {"choices": ["recompute", "plan"],
+                           "help": "regions wrapped in torch.utils.checkpoint: recompute as asked (default), "
+                                   "or let remat plan them"},
 }
 
 

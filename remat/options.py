@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from remat import solvers
 from remat.passes.cost_table import cost_dir
 from remat.passes.plan_cache import cache_dir
-from remat.passes.policies import Policy, policy_named
+from remat.passes.policies import Policy, policy_named, with_regions
 from remat.passes.request import PlanRequest
 from remat.solvers.plan import Request
 
@@ -18,6 +18,7 @@ from .budget import budget_bytes
 
 COMPILERS = ("inductor", "eager")
 PROFILES = ("measure", "analytic")
+CHECKPOINT_REGIONS = ("recompute", "plan")
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,11 @@ class Options:
       :class:`~remat.policies.Policy`, or a built-in one's name such as
       ``"save-matmuls"``); the ILP decides the rest. ``None``: the ILP decides all
       (random ops, mutations and untagged collectives are always kept).
+    - ``checkpoint_regions``: what to do with regions the model wraps in
+      ``torch.utils.checkpoint``: "recompute" (default) recomputes them as
+      asked, as torch does, and reports say so; "plan" lets remat decide
+      inside them too, as for the rest of the graph. Selective-checkpoint
+      tags (``MUST_SAVE``/``MUST_RECOMPUTE``) bind either way.
     """
 
     budget_gb: float | None = None
@@ -57,11 +63,14 @@ class Options:
     headroom: float | None = None
     plan_cache: bool | str | os.PathLike[str] = True
     policy: Policy | str | None = None
+    checkpoint_regions: str = "recompute"
 
     def __post_init__(self) -> None:
         if self.headroom is not None and not (isinstance(self.headroom, (int, float)) and 0 <= self.headroom < 1):
             raise ValueError(f"headroom must be a fraction in [0, 1), not {self.headroom!r}")
         budget_bytes(self.budget_gb)  # validates
+        if self.checkpoint_regions not in CHECKPOINT_REGIONS:
+            raise ValueError(f"checkpoint_regions must be one of {CHECKPOINT_REGIONS}, not {self.checkpoint_regions!r}")
         if self.compiler not in COMPILERS:
             raise ValueError(f"compiler must be one of {COMPILERS}, not {self.compiler!r}")
         if self.profile not in PROFILES:
@@ -95,7 +104,8 @@ class Options:
         """The plain request the passes plan from."""
         solve = Request(self.budget_bytes, self.headroom, self.solver, self.time_limit_s)
         plans = cache_dir(self.plan_cache)
-        return PlanRequest(solve, self.profile, self.compiler, plans, policy_named(self.policy), cost_dir(plans))
+        policy = with_regions(policy_named(self.policy), self.checkpoint_regions)
+        return PlanRequest(solve, self.profile, self.compiler, plans, policy, cost_dir(plans), self.checkpoint_regions)
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, object] | None) -> Options:

@@ -74,6 +74,9 @@ class Report(Deferring):
     # wall seconds of this graph's compile by phase: capture (AOTAutograd's joint graph),
     # profile, solve, inductor (code generation; every plan compiled to fit the budget)
     timings: dict[str, float] = field(default_factory=dict)
+    # under torch.distributed: this process's rank and the ranks that share the plan (rank 0's)
+    rank: int = 0
+    world_size: int = 1
     min_feasible_solve_seconds: float = Deferred(0.0)
     min_cut_seconds: float = Deferred(0.0)  # torch's own partitioner decision, for comparison
     joint_graph_steps: int = 0
@@ -236,6 +239,8 @@ def report_of(plan: Any) -> Report:
         realized_peak_bytes=plan.realized_peak_bytes,
         profile_seconds=plan.profile_seconds,
         timings=dict(plan.timings),
+        rank=plan.rank,
+        world_size=plan.world_size,
         plan_cache=plan.plan_cache,
         **plan.figures,
     )

@@ -1,0 +1,262 @@
+"""One rank of the 2-rank CPU tests (tests/test_ranks.py): ``python -m tests.rank_worker RANK WORLD PORT OUT``.
+
+Every rank runs the same scenarios in the same order and writes what it saw to
+``OUT/rank<RANK>.json``. Measured op times are distorted differently on each rank
+(a seeded factor per op), so ranks left alone would choose different saved sets.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import faulthandler
+import functools
+import json
+import logging
+import os
+import random
+import sys
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+import remat
+from remat.errors import GIB
+from remat.passes import partition, profile
+from tests.conftest import build
+
+WORKER_LIMIT_S = 420
+SCENARIOS = ("alone", "agreed", "budget_error", "different_graphs", "tagged_collective", "fsdp_fullgraph",
+             "ddp_tiny_buckets", "fsdp_blocks", "ddp", "ddp_budget", "inductor")
+
+
+def distort_times(rank: int) -> None:
+    """Each op's measured time times a factor drawn per (rank, op), 0.1 to 10."""
+    measure = profile.time_call
+    draws: dict[int, float] = {}
+
+    def distorted(fn: Any, device: torch.device, *args: Any) -> float:
+        factor = draws.setdefault(len(draws), random.Random(f"{rank}-{len(draws)}").uniform(0.1, 10.0))
+        return measure(fn, device, *args) * factor
+
+    profile.time_call = distorted
+
+
+def count_solves() -> list[int]:
+    calls: list[int] = []
+    solve = partition.solve
+    partition.solve = lambda *a, **k: calls.append(1) or solve(*a, **k)
+    return calls
+
+
+def fresh() -> None:
+    torch._dynamo.reset()
+    profile.SHARED_TIMINGS.entries.clear()  # each scenario measures (and distorts) afresh
+
+
+def decision(report: remat.Report) -> dict[str, Any]:
+    return {"saved": sorted(report.saved), "recomputed": sorted(report.recomputed), "plan_cache": report.plan_cache,
+            "rank": report.rank, "world_size": report.world_size, "notes": list(report.notes)}
+
+
+def budget_gb(model: torch.nn.Module, inputs: tuple, fraction: float, **options: Any) -> float:
+    """Rank 0's budget ``fraction`` of the way from the smallest feasible to store-all, on every rank
+    (each rank's figure is its own, computed when read)."""
+    budget = [remat.plan(model, *inputs, **options).budget_at(fraction) / GIB]
+    dist.broadcast_object_list(budget, src=0)
+    return budget[0]
+
+
+def alone() -> dict[str, Any]:
+    """Agreement off: each rank's own (distorted) plan."""
+    os.environ["REMAT_RANK_AGREEMENT"] = "off"
+    try:
+        model, inputs = build("gpt", layers=1)
+        budget = budget_gb(model, inputs, 0.5, compiler="eager")
+        return decision(remat.plan(model, *inputs, budget_gb=budget, compiler="eager"))
+    finally:
+        del os.environ["REMAT_RANK_AGREEMENT"]
+
+
+def agreed() -> dict[str, Any]:
+    solves = count_solves()
+    model, inputs = build("gpt", layers=1)
+    budget = budget_gb(model, inputs, 0.5, compiler="eager")
+    return {**decision(remat.plan(model, *inputs, budget_gb=budget, compiler="eager")), "solves": len(solves)}
+
+
+def budget_error() -> dict[str, Any]:
+    model, inputs = build("gpt", layers=1)
+    try:
+        remat.plan(model, *inputs, budget_gb=1e-6, compiler="eager")
+    except remat.BudgetError as exc:
+        return {"error": type(exc).__name__, "message": str(exc), "min_feasible_bytes": exc.min_feasible_bytes}
+    return {"error": None}
+
+
+def different_graphs(rank: int) -> dict[str, Any]:
+    model, inputs = build("gpt", layers=1, seq=32 + 16 * rank)
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("remat").addHandler(handler)
+    try:
+        report = remat.plan(model, *inputs, compiler="eager")
+    finally:
+        logging.getLogger("remat").removeHandler(handler)
+    return {**decision(report), "warnings": [r for r in records if "different graphs" in r]}
+
+
+def recompute_collectives(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_RECOMPUTE if "c10d" in str(op) else CheckpointPolicy.PREFER_SAVE
+
+
+class GatheredLinear(torch.nn.Module):
+    """A SimpleFSDP-style layer: each rank holds half the weight's rows and all-gathers them in the
+    graph, inside a selective checkpoint that tags the all-gather MUST_RECOMPUTE."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.shard = torch.nn.Parameter(torch.randn(8, 16))
+
+    def block(self, x: torch.Tensor) -> torch.Tensor:
+        full = funcol.all_gather_tensor(self.shard, 0, dist.group.WORLD)
+        return torch.relu(x @ full.T) @ full  # the backward needs the gathered weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        context = functools.partial(create_selective_checkpoint_contexts, recompute_collectives)
+        return checkpoint(self.block, x, use_reentrant=False, context_fn=context).square().sum()
+
+
+def tagged_collective() -> dict[str, Any]:
+    model, x = GatheredLinear(), torch.randn(4, 16)
+    reference = copy.deepcopy(model)
+    compiled = remat.compile(model, compiler="eager")
+    compiled(x).backward()
+    reference(x).backward()
+    (report,) = remat.reports(compiled)
+    recomputed = [n.op for n in report.nodes if n.decision == "recomputed" and n.category == "collective"]
+    return {**decision(report), "collectives_recomputed": recomputed,
+            "grads_match": torch.allclose(model.shard.grad, reference.shard.grad)}
+
+
+def error_of(run: Any) -> dict[str, Any]:
+    try:
+        run()
+    except Exception as exc:  # what a user would see
+        return {"error": type(exc).__name__, "message": str(exc)}
+    return {"error": None}
+
+
+def fsdp_fullgraph() -> dict[str, Any]:
+    model, inputs = build("gpt", layers=1, batch=2, seq=16)
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    return error_of(lambda: remat.compile(model, fullgraph=True, compiler="eager")(*inputs))
+
+
+def ddp_tiny_buckets() -> dict[str, Any]:
+    model, inputs = build("gpt", layers=2, batch=2, seq=16)
+    wrapped = DistributedDataParallel(model, bucket_cap_mb=0.001)
+    return error_of(lambda: remat.compile(wrapped, compiler="eager")(*inputs).backward())
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def grads_match(model: torch.nn.Module, reference: torch.nn.Module) -> bool:
+    return all(torch.allclose(local(p.grad), local(q.grad), rtol=1e-4, atol=1e-5)
+               for p, q in zip(model.parameters(), reference.parameters(), strict=True))
+
+
+def fsdp_blocks() -> dict[str, Any]:
+    """FSDP2, torchtitan's order: each block compiled with backend="remat" at a binding budget, then
+    sharded; against the same sharding run eagerly."""
+    torch.manual_seed(0)
+    model, inputs = build("gpt", layers=2, batch=2, seq=16)
+    reference = copy.deepcopy(model)
+    width = model.tok_emb.embedding_dim
+    block_input = torch.randn(2, 16, width, requires_grad=True)
+    budget = budget_gb(copy.deepcopy(model.blocks[0]), (block_input,), 0.5, compiler="eager")
+    before = len(remat.reports())
+    for net in (model, reference):
+        for block in net.blocks:
+            if net is model:
+                block.compile(backend="remat", options={"budget_gb": budget, "compiler": "eager"})
+            fully_shard(block)
+        fully_shard(net)
+    model(*inputs).backward()
+    reference(*inputs).backward()
+    reports = remat.reports()[before:]
+    return {"graphs": [decision(r) for r in reports], "grads_match": grads_match(model, reference)}
+
+
+def ddp() -> dict[str, Any]:
+    torch.manual_seed(0)
+    model, inputs = build("gpt", layers=2, batch=2, seq=16)
+    reference = DistributedDataParallel(copy.deepcopy(model))
+    compiled = remat.compile(DistributedDataParallel(model), compiler="eager")
+    compiled(*inputs).backward()
+    reference(*inputs).backward()
+    return {"graphs": [decision(r) for r in remat.reports(compiled)], "grads_match": grads_match(model, reference)}
+
+
+def ddp_budget() -> dict[str, Any]:
+    """Under a budget: DDP's bucket-split graphs are refused with what to do; one graph is planned."""
+    torch.manual_seed(0)
+    model, inputs = build("gpt", layers=2, d_model=256, batch=2, seq=16)  # about 3 MiB a block: several buckets
+    reference = DistributedDataParallel(copy.deepcopy(model), bucket_cap_mb=1)
+    split = error_of(lambda: remat.compile(DistributedDataParallel(model, bucket_cap_mb=1), budget_gb=1.0,
+                                           compiler="eager")(*inputs))
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(optimize_ddp=False):
+        compiled = remat.compile(DistributedDataParallel(model, bucket_cap_mb=1), budget_gb=1.0, compiler="eager")
+        compiled(*inputs).backward()
+    reference(*inputs).backward()
+    return {"split": split, "graphs": len(remat.reports(compiled)), "grads_match": grads_match(model, reference)}
+
+
+def inductor() -> dict[str, Any]:
+    """remat.compile under Inductor at a binding budget: one saved set, gradients as eager's."""
+    torch.manual_seed(0)
+    model, inputs = build("gpt", layers=1, batch=4, seq=32)
+    reference = copy.deepcopy(model)
+    budget = budget_gb(model, inputs, 0.3)
+    compiled = remat.compile(model, budget_gb=budget)
+    compiled(*inputs).backward()
+    reference(*inputs).backward()
+    close = all(torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+                for p, q in zip(model.parameters(), reference.parameters(), strict=True))
+    (report,) = remat.reports(compiled)
+    return {**decision(report), "grads_match": close, "compiled_peak_bytes": report.compiled_peak_bytes}
+
+
+def main(rank: int, world: int, port: int, out: str) -> None:
+    faulthandler.dump_traceback_later(WORKER_LIMIT_S, exit=True)  # a hang shows where each rank waits
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    distort_times(rank)
+    results: dict[str, Any] = {}
+    runs = {"alone": alone, "agreed": agreed, "budget_error": budget_error,
+            "different_graphs": functools.partial(different_graphs, rank), "tagged_collective": tagged_collective,
+            "fsdp_fullgraph": fsdp_fullgraph, "ddp_tiny_buckets": ddp_tiny_buckets,
+            "fsdp_blocks": fsdp_blocks, "ddp": ddp, "ddp_budget": ddp_budget,
+            "inductor": inductor}
+    for name in SCENARIOS:
+        fresh()
+        results[name] = runs[name]()
+        with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+            json.dump(results, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])

@@ -1,0 +1,133 @@
+"""Two CPU ranks (gloo, 127.0.0.1): one plan for every rank, one error on every rank.
+
+The ranks run ``tests/rank_worker.py`` once for the module (each scenario in order);
+measured op times are distorted differently on each rank, so agreement is not luck.
+A launch that does not finish in time fails the tests instead of hanging them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+WORLD = 2
+LAUNCH_TIMEOUT_S = 600
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    out = tmp_path_factory.mktemp("ranks")
+    port = free_port()
+    env = {**os.environ, "REMAT_RANK_TIMEOUT_S": "300", "REMAT_COST_CACHE": "off"}
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.rank_worker", str(r), str(WORLD), str(port), str(out)],
+                              cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(WORLD)]
+    logs = []
+    try:
+        for p in procs:
+            logs.append(p.communicate(timeout=LAUNCH_TIMEOUT_S)[0])
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        tails = "\n".join(f"rank {r}:\n{p.communicate()[0][-3000:]}" for r, p in enumerate(procs))
+        pytest.fail(f"the {WORLD} ranks did not finish in {LAUNCH_TIMEOUT_S} s (a hang)\n{tails}")
+    for r, (p, log) in enumerate(zip(procs, logs)):
+        assert p.returncode == 0, f"rank {r} failed:\n{log[-4000:]}"
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
+
+
+def test_ranks_left_alone_choose_differently(ranks: list[dict]) -> None:
+    """The distortion bites: without agreement the ranks' saved sets differ."""
+    first, second = (r["alone"] for r in ranks)
+    assert first["recomputed"] and second["recomputed"]
+    assert (first["saved"], first["recomputed"]) != (second["saved"], second["recomputed"])
+
+
+def test_every_rank_compiles_rank_0s_plan(ranks: list[dict]) -> None:
+    first, second = (r["agreed"] for r in ranks)
+    assert first["recomputed"] and (first["saved"], first["recomputed"]) == (second["saved"], second["recomputed"])
+    assert (first["rank"], second["rank"], first["world_size"], second["world_size"]) == (0, 1, 2, 2)
+    assert second["plan_cache"] == "rank 0" and any("decided by rank 0 of 2" in n for n in second["notes"])
+    assert first["solves"] >= 1 and second["solves"] == 0  # rank 1 solved nothing
+
+
+def test_a_budget_error_is_raised_on_every_rank(ranks: list[dict]) -> None:
+    first, second = (r["budget_error"] for r in ranks)
+    assert first["error"] == second["error"] == "BudgetError"
+    assert first["message"] == second["message"] and first["min_feasible_bytes"] == second["min_feasible_bytes"]
+
+
+def test_ranks_with_different_graphs_plan_their_own_and_warn(ranks: list[dict]) -> None:
+    for rank, result in enumerate(r["different_graphs"] for r in ranks):
+        assert result["warnings"], f"rank {rank} did not warn"
+        assert result["plan_cache"] != "rank 0" and result["rank"] == rank
+
+
+def test_an_all_gather_tagged_must_recompute_is_recomputed_on_every_rank(ranks: list[dict]) -> None:
+    """SimpleFSDP style: the user's tag on an in-graph collective is honoured, as torch does;
+    an untagged one is never recomputed (tests/test_policies.py)."""
+    for result in (r["tagged_collective"] for r in ranks):
+        assert result["grads_match"]
+        assert set(result["collectives_recomputed"]) == {"_c10d_functional.all_gather_into_tensor.default",
+                                                        "_c10d_functional.wait_tensor.default"}
+
+
+def test_fullgraph_on_an_fsdp2_model_says_to_compile_each_block(ranks: list[dict]) -> None:
+    for result in (r["fsdp_fullgraph"] for r in ranks):
+        assert result["error"] == "GraphError" and "Compile each block" in result["message"]
+
+
+def test_ddp_with_tiny_buckets_is_explained(ranks: list[dict]) -> None:
+    for result in (r["ddp_tiny_buckets"] for r in ranks):
+        assert result["error"] == "GraphError" and "Raise bucket_cap_mb" in result["message"]
+
+
+@pytest.mark.parametrize("wrapping", ["fsdp_blocks", "ddp"])
+def test_fsdp2_per_block_and_ddp_train_with_one_plan_and_eager_gradients(ranks: list[dict], wrapping: str) -> None:
+    first, second = (r[wrapping] for r in ranks)
+    assert first["grads_match"] and second["grads_match"]
+    assert first["graphs"] and len(first["graphs"]) == len(second["graphs"])
+    for mine, theirs in zip(first["graphs"], second["graphs"]):
+        assert (mine["saved"], mine["recomputed"]) == (theirs["saved"], theirs["recomputed"])
+        assert theirs["plan_cache"] == "rank 0" and (mine["world_size"], theirs["world_size"]) == (2, 2)
+    if wrapping == "fsdp_blocks":  # at a binding budget
+        assert any(g["recomputed"] for g in first["graphs"])
+
+
+def test_ddp_bucket_split_graphs_under_a_budget_are_refused_and_one_graph_is_planned(ranks: list[dict]) -> None:
+    for result in (r["ddp_budget"] for r in ranks):
+        assert result["split"]["error"] == "GraphError" and "optimize_ddp = False" in result["split"]["message"]
+        assert "While executing" not in result["split"]["message"]  # remat's message, not torch.fx's note
+        assert result["graphs"] == 1 and result["grads_match"]
+
+
+def test_inductor_compiles_one_plan_with_eager_gradients(ranks: list[dict]) -> None:
+    first, second = (r["inductor"] for r in ranks)
+    assert first["grads_match"] and second["grads_match"]
+    assert first["recomputed"] and (first["saved"], first["recomputed"]) == (second["saved"], second["recomputed"])
+    assert first["compiled_peak_bytes"] == second["compiled_peak_bytes"]
+
+
+def test_a_torchrun_launch_plans_once_for_both_ranks() -> None:
+    torchrun = pathlib.Path(sys.executable).with_name("torchrun")
+    run = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", str(WORLD), "-m", "tests.torchrun_worker"],
+                         cwd=REPO, env={**os.environ, "REMAT_RANK_TIMEOUT_S": "300", "REMAT_COST_CACHE": "off"},
+                         capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    by_rank = {line["rank"]: line for line in lines}
+    assert set(by_rank) == {0, 1} and by_rank[1]["plan_cache"] == "rank 0"
+    assert (by_rank[0]["saved"], by_rank[0]["recomputed"]) == (by_rank[1]["saved"], by_rank[1]["recomputed"])
