@@ -19,6 +19,7 @@ import torch
 
 from remat.passes import torch_adapter as adapter
 from remat.passes.partition import GraphPlan, PlanComplete, plan_at
+from remat.solvers.plan import monotone
 
 from .backend import RematBackend
 from .budget import budget_bytes
@@ -111,7 +112,7 @@ def sweep(model: Callable[..., Any], *inputs: Any, budgets: Sequence[float] | No
     chosen = list(budgets) if budgets is not None else spread(base, points)
     # every budget shares the captured graph's smallest-peak plan (solved once, if a budget
     # needs it) and torch's min-cut figures (computed if a report's are read)
-    results = [solved_at(captured, gb) for gb in progress(chosen, desc="remat: solving", unit="budget")]
+    results = solved_at_each(captured, chosen)
     reports = [r if isinstance(r, Report) else None for r in results]
     rows = [row(gb, r) for gb, r in zip(chosen, results)]
     frontier = Frontier(rows, base.store_all_peak_bytes, 0, compiler, base.headroom, base.device, reports=reports,
@@ -124,10 +125,15 @@ def sweep(model: Callable[..., Any], *inputs: Any, budgets: Sequence[float] | No
     return frontier
 
 
-def solved_at(captured: GraphPlan, budget_gb: float) -> Report | BudgetError:
-    """The captured graph's plan at ``budget_gb``, as a Report (or the error below the smallest)."""
-    plan = plan_at(captured, budget_bytes(budget_gb))
-    return plan if isinstance(plan, BudgetError) else report_of(plan)
+def solved_at_each(captured: GraphPlan, budgets_gb: Sequence[float]) -> list[Report | BudgetError]:
+    """The captured graph's plan at each budget, as a Report (or the error below the smallest),
+    made monotone: each budget gets the fastest plan found at any budget that fits it."""
+    plans = [plan_at(captured, budget_bytes(gb)) for gb in progress(budgets_gb, desc="remat: solving", unit="budget")]
+    solved = [p for p in plans if isinstance(p, GraphPlan)]
+    caps = [p.store_all.peak_bytes if p.target is None else min(p.target, p.store_all.peak_bytes) for p in solved]
+    for plan, best in zip(solved, monotone([p.solution for p in solved], caps), strict=True):
+        plan.solution = best
+    return [p if isinstance(p, BudgetError) else report_of(p) for p in plans]
 
 
 def figures(report: Report, names: Sequence[str]) -> dict[str, Any]:

@@ -144,6 +144,28 @@ def solve(problem: Problem, request: Request, lowest: Lowest | None = None, *, t
     return fastest_of(plan, extra() if callable(extra) else extra, cap), kept_all
 
 
+def monotone(plans: Sequence[Solution | None], caps: Sequence[int]) -> list[Solution | None]:
+    """For each cap, the fastest of all ``plans`` that fits it (ties: the smaller peak): a sweep's
+    plans made so that a lower budget never gets a faster plan or a higher peak, even where a
+    time-limited solve found a worse plan at one budget than another budget's plan that fits it.
+    A cap whose own solve found no plan (None) keeps None.
+
+    >>> def plan(peak, seconds): return Solution("ilp", frozenset(), frozenset(), peak, (), seconds, Status.OPTIMAL,
+    ...                                          None, None, 0.0)
+    >>> [p.added_seconds for p in monotone([plan(10, 2.0), plan(8, 1.0)], [10, 12])]
+    [1.0, 1.0]
+    """
+    found = [p for p in plans if p is not None]
+    chosen: list[Solution | None] = []
+    for own, cap in zip(plans, caps, strict=True):
+        if own is not None:
+            best = min((p for p in found if p.peak_bytes <= cap), key=lambda p: (p.added_seconds, p.peak_bytes))
+            if (best.added_seconds, best.peak_bytes) < (own.added_seconds, own.peak_bytes):
+                own = replace(best, notes=(*best.notes, "the plan found for another budget: faster within this one"))
+        chosen.append(own)
+    return chosen
+
+
 def first_try(problem: Problem, budget: int, request: Request) -> Solution | None:
     """The ILP's plan within ``budget`` after at most ``FIRST_TRY_S``, or None when it has none
     by then (or the solver is not an ILP). A plan found proves the budget feasible; an optimal

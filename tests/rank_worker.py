@@ -32,7 +32,7 @@ from tests.conftest import build
 
 WORKER_LIMIT_S = 420
 SCENARIOS = ("alone", "agreed", "budget_error", "different_graphs", "tagged_collective", "fsdp_fullgraph",
-             "ddp_tiny_buckets", "fsdp_blocks", "ddp", "ddp_budget", "inductor")
+             "ddp_tiny_buckets", "fsdp_compile_then_shard", "fsdp_shard_then_compile", "ddp", "ddp_budget", "inductor")
 
 
 def distort_times(rank: int) -> None:
@@ -177,9 +177,9 @@ def grads_match(model: torch.nn.Module, reference: torch.nn.Module) -> bool:
                for p, q in zip(model.parameters(), reference.parameters(), strict=True))
 
 
-def fsdp_blocks() -> dict[str, Any]:
-    """FSDP2, torchtitan's order: each block compiled with backend="remat" at a binding budget, then
-    sharded; against the same sharding run eagerly."""
+def fsdp_blocks(order: str) -> dict[str, Any]:
+    """FSDP2 with each block compiled with backend="remat" at a binding budget, in torchtitan's order
+    (compile, then shard) or the other; against the same sharding run eagerly."""
     torch.manual_seed(0)
     model, inputs = build("gpt", layers=2, batch=2, seq=16)
     reference = copy.deepcopy(model)
@@ -189,9 +189,11 @@ def fsdp_blocks() -> dict[str, Any]:
     before = len(remat.reports())
     for net in (model, reference):
         for block in net.blocks:
-            if net is model:
+            if net is model and order == "compile-then-shard":
                 block.compile(backend="remat", options={"budget_gb": budget, "compiler": "eager"})
             fully_shard(block)
+            if net is model and order == "shard-then-compile":
+                block.compile(backend="remat", options={"budget_gb": budget, "compiler": "eager"})
         fully_shard(net)
     model(*inputs).backward()
     reference(*inputs).backward()
@@ -248,7 +250,8 @@ def main(rank: int, world: int, port: int, out: str) -> None:
     runs = {"alone": alone, "agreed": agreed, "budget_error": budget_error,
             "different_graphs": functools.partial(different_graphs, rank), "tagged_collective": tagged_collective,
             "fsdp_fullgraph": fsdp_fullgraph, "ddp_tiny_buckets": ddp_tiny_buckets,
-            "fsdp_blocks": fsdp_blocks, "ddp": ddp, "ddp_budget": ddp_budget,
+            "fsdp_compile_then_shard": functools.partial(fsdp_blocks, "compile-then-shard"),
+            "fsdp_shard_then_compile": functools.partial(fsdp_blocks, "shard-then-compile"), "ddp": ddp, "ddp_budget": ddp_budget,
             "inductor": inductor}
     for name in SCENARIOS:
         fresh()

@@ -34,6 +34,29 @@ def test_default_budgets_run_from_the_smallest_feasible_to_store_all(frontier: r
     assert all(a >= b - 1e-12 for a, b in zip(overheads, overheads[1:]))
 
 
+def test_a_budget_whose_solve_found_a_slow_plan_gets_a_faster_one_found_at_another(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a time-limited solve may: the highest budget's solve returns a slow plan that fits (the
+    smallest-peak plan). The sweep gives that budget the fastest plan any budget found that fits it."""
+    handed: list = []
+    real_solve = partition.solve
+
+    def solve(problem, request, lowest, **kwargs):  # type: ignore[no-untyped-def]
+        plan, kept_all = real_solve(problem, request, lowest, **kwargs)
+        if request.target is not None and request.target >= kept_all.peak_bytes:  # the highest budget
+            plan = lowest()  # the smallest-peak plan: it fits, and recomputes far more than this budget needs
+            handed.append(plan)
+        return plan, kept_all
+
+    monkeypatch.setattr(partition, "solve", solve)
+    model, inputs = build("gpt")
+    rows = remat.sweep(model, *inputs, points=POINTS, compiler="eager")
+    overheads = [r["predicted_overhead_seconds"] for r in rows.rows]
+    assert all(a >= b - 1e-12 for a, b in zip(overheads, overheads[1:]))
+    assert overheads[-1] < handed[-1].added_seconds  # not the slow plan it was handed
+    assert "the plan found for another budget: faster within this one" in rows.reports[-1].notes
+
+
 def test_rows_agree_with_their_reports(frontier: remat.Frontier) -> None:
     for row, report in zip(frontier.rows, frontier.reports, strict=True):
         assert row["budget_bytes"] == report.budget_bytes

@@ -149,3 +149,34 @@ def test_at_the_smallest_budget_the_smallest_peak_plan_seeds_the_solve(monkeypat
     plan = solvers.solve_ilp(problem, lowest.peak_bytes, seeds=[lowest])
     assert plan.status is Status.FALLBACK and plan.peak_bytes <= lowest.peak_bytes
     assert any("time limit reached with no plan" in n for n in plan.notes)
+
+
+def _plans_at_random_budgets(seed: int) -> tuple[list, list[int]]:
+    """Plans of random problems' baselines and ILP at several caps, shuffled: some a cap's own
+    solve would not pick (a greedy plan where a faster one fits), as a time-limited solve may."""
+    import random
+
+    problem = problem_of(seed)
+    pick = random.Random(seed)
+    low, high = policy.smallest_peak(problem, Request().config).peak_bytes, policy.store_all(problem).peak_bytes
+    caps = sorted(pick.randint(low, high) for _ in range(5))
+    plans = [pick.choice([p for p in policy.cheap_plans(problem, cap) if p.peak_bytes <= cap]
+                         + [solve(problem, Request(budget_bytes=cap))[0]]) for cap in caps]
+    return plans, caps
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_sweep_made_monotone_never_gives_a_lower_budget_a_faster_plan_or_a_higher_peak(seed: int) -> None:
+    plans, caps = _plans_at_random_budgets(seed)
+    chosen = policy.monotone(plans, caps)
+    for cap, plan in zip(caps, chosen):
+        assert plan.peak_bytes <= cap and plan.saved in {p.saved for p in plans}
+    for lower, higher in zip(chosen, chosen[1:]):
+        assert lower.added_seconds >= higher.added_seconds and lower.peak_bytes <= higher.peak_bytes
+    for own, plan in zip(plans, chosen):  # never slower than the cap's own plan
+        assert plan.added_seconds <= own.added_seconds
+
+
+def test_a_budget_with_no_plan_stays_without_one() -> None:
+    plans, caps = _plans_at_random_budgets(0)
+    assert policy.monotone([None, *plans[1:]], caps)[0] is None
