@@ -82,7 +82,8 @@ def canonical_fingerprint(graph: fx.Graph) -> str:
     for node in graph.nodes:
         args = fx.node.map_arg((node.args, node.kwargs), lambda n: position[n])
         value = node.meta.get("val", node.meta.get("example_value"))  # a joint graph's, or dynamo's
-        digest.update(repr((node.op, stable_name(node.target), args, plan_cache.describe(value))).encode())
+        target = "" if node.op == "placeholder" else stable_name(node.target)  # a placeholder's target is its name
+        digest.update(repr((node.op, target, args, plan_cache.describe(value))).encode())
     return digest.hexdigest()
 
 
