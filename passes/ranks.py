@@ -11,10 +11,11 @@ Inductor) and then broadcasts the plan it compiled, or its error, and every othe
 rank compiles that plan as it is, or raises the same error. Only the backend's
 compile of a graph exchanges anything: figures computed later, when a report is
 read (on any rank, or on one only), are computed locally. Ranks whose graphs differ
-each plan their own, with a warning; ``REMAT_RANK_AGREEMENT=off`` makes every rank plan its
-own (for code whose ranks compile different graphs or in another order). The messages go over a gloo side group of
-their own with a timeout (``REMAT_RANK_TIMEOUT_S``, default 900 s), so a rank that
-never arrives is an error on the others, never a hang.
+each plan their own, with a warning; ``REMAT_RANK_AGREEMENT=off`` makes every rank
+plan its own (for code whose ranks compile different graphs, or in another order).
+The messages go over a gloo side group of remat's own with a timeout
+(``REMAT_RANK_TIMEOUT_S``, default 900 s), so a rank that never arrives is an error
+on the others, never a hang.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from . import torch_adapter as adapter
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 900.0
-_GROUPS: dict[int, Any] = {}  # the side group, per default process group
+_SIDE: list[tuple[Any, Any]] = []  # (the default group, remat's side group over it), the latest only
 
 
 def timeout_s() -> float:
@@ -68,10 +69,10 @@ def warn_once(message: str) -> None:
 
 def side_group() -> Any:
     """A gloo group over every rank, made once (every rank makes it at its first graph)."""
-    default = id(dist.group.WORLD)
-    if default not in _GROUPS:
-        _GROUPS[default] = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s()))
-    return _GROUPS[default]
+    default = dist.group.WORLD
+    if not _SIDE or _SIDE[0][0] is not default:  # none yet, or the process group was made anew
+        _SIDE[:] = [(default, dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s())))]
+    return _SIDE[0][1]
 
 
 def canonical_fingerprint(graph: fx.Graph) -> str:
