@@ -141,23 +141,14 @@ def compile_once(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Pla
     cache the stored account stands for it; any other plan is compiled again, the cache
     off, so that its program is generated and accounted for."""
     planned = len(planner.plans)
-    planner.capture_started = time.perf_counter()
-    with account.capture_programs() as programs:
-        compiled = compile_graph(copy.deepcopy(gm), example_inputs, on_graph=planner.on_graph)
-    plan = planner.plans[-1]
-    plan.timings["inductor"] = time.perf_counter() - planner.chosen_at
+    compiled, plan, programs = compile_recorded(gm, example_inputs, planner, compile_graph)
     if len(programs) < 2:  # Inductor's cache had the program: no code to read
         # a plan loaded (from the plan cache, or from rank 0) carries its program's account
         if plan.plan_cache in ("hit", "rank 0") and plan.compiled_peak_bytes is not None:
             return compiled, plan, plan.compiled_peak_bytes
         del planner.plans[planned:]
         planner.replay = plan  # not planned again: the same plan, its program generated this time
-        planner.capture_started = time.perf_counter()
-        with account.capture_programs() as programs:
-            compiled = compile_graph(copy.deepcopy(gm), example_inputs, on_graph=planner.on_graph,
-                                     fx_graph_cache=False)
-        plan = planner.plans[-1]
-        plan.timings["inductor"] = time.perf_counter() - planner.chosen_at
+        compiled, plan, programs = compile_recorded(gm, example_inputs, planner, compile_graph, fx_graph_cache=False)
     # extern kernels' scratch, measured by the profile, placed at the line each kernel runs
     step = account.step_account(programs, plan.workspace_by_node)
     if not step.complete:
@@ -165,6 +156,18 @@ def compile_once(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Pla
         plan.notes.append(f"compiled account incomplete: {step.incomplete_reason}")
     plan.compiled_peak_bytes = step.peak_bytes
     return compiled, plan, step.peak_bytes
+
+
+def compile_recorded(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, compile_graph: Compile,
+                     **options: Any) -> tuple[Callable[..., Any], GraphPlan, list]:
+    """Compile a copy of ``gm``; the callable, the plan it got (its Inductor seconds recorded) and
+    the programs Inductor generated for it (none when its cache had them)."""
+    planner.capture_started = time.perf_counter()
+    with account.capture_programs() as programs:
+        compiled = compile_graph(copy.deepcopy(gm), example_inputs, on_graph=planner.on_graph, **options)
+    plan = planner.plans[-1]
+    plan.timings["inductor"] = time.perf_counter() - planner.chosen_at
+    return compiled, plan, programs
 
 
 def over_budget(plan: GraphPlan, peak: int) -> BudgetError:

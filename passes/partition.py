@@ -28,6 +28,7 @@ from remat.solvers.solution import Solution, Status
 from . import plan_cache, ranks
 from . import torch_adapter as adapter
 from .memory import realized_peak, recomputed_in
+from .policies import in_checkpoint_region
 from .problem import build_problem
 from .profile import SHARED_TIMINGS, profile_graph
 from .request import PlanRequest
@@ -356,7 +357,7 @@ class Planner:
 
 def region_notes(joint_graph: fx.Graph, forward: set[str], regions: str) -> list[str]:
     """What became of the ops the model wraps in ``torch.utils.checkpoint``, if it wraps any."""
-    inside = sum(1 for n in joint_graph.nodes if n.name in forward and adapter.recompute_tag(n) == "prefer_recompute")
+    inside = sum(1 for n in joint_graph.nodes if n.name in forward and in_checkpoint_region(n))
     if not inside:
         return []
     if regions == "plan":

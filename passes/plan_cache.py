@@ -105,18 +105,27 @@ def request_key(request: PlanRequest) -> dict[str, Any]:
     }
 
 
-def graph_fingerprint(graph: fx.Graph) -> str:
-    """A hash of the graph's ops, edges and every value's shape, stride and dtype."""
+def graph_fingerprint(graph: fx.Graph, *, by_position: bool = False) -> str:
+    """A hash of the graph's ops, edges and every value's shape, stride and dtype.
+
+    Nodes go by name (a plan names the nodes it keeps), or ``by_position``: equal on ranks
+    that traced the same code whatever names their traces gave (``passes/ranks.py``)."""
+    label = {node: f"%{i}" if by_position else f"%{node.name}" for i, node in enumerate(graph.nodes)}
     digest = hashlib.sha256()
     for node in graph.nodes:
-        digest.update(repr((node.name, node.op, str(node.target), _plain(node.args), _plain(node.kwargs),
-                            describe(node.meta.get("val")))).encode())
+        args = fx.node.map_arg((node.args, node.kwargs), label.__getitem__)
+        target = "" if node.op == "placeholder" else stable_name(node.target)  # a placeholder's target is its name
+        value = node.meta.get("val", node.meta.get("example_value"))  # a joint graph's, or dynamo's
+        digest.update(repr((label[node], node.op, target, args, describe(value))).encode())
     return digest.hexdigest()
 
 
-def _plain(value: Any) -> Any:
-    """Arguments with nodes replaced by their names, so the repr is stable."""
-    return fx.node.map_arg(value, lambda n: f"%{n.name}")
+def stable_name(target: Any) -> str:
+    """A node's target by name, the same in every process (a Python function's repr holds its address)."""
+    text = str(target)
+    if " at 0x" not in text:
+        return text
+    return f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', type(target).__name__)}"
 
 
 def describe(val: Any) -> Any:

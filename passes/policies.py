@@ -90,10 +90,15 @@ def _user_tags(node: fx.Node) -> Verdict | None:
     return None
 
 
+def in_checkpoint_region(node: fx.Node) -> bool:
+    """Whether ``node`` is inside a region the model wraps in ``torch.utils.checkpoint`` (torch
+    tags each such op PREFER_RECOMPUTE)."""
+    return adapter.recompute_tag(node) == "prefer_recompute"
+
+
 def _checkpoint_region(node: fx.Node) -> Verdict | None:
-    """An op inside a region the model wraps in ``torch.utils.checkpoint`` (torch tags each
-    such op PREFER_RECOMPUTE): recomputed, as the model asks and as torch does."""
-    if adapter.recompute_tag(node) == "prefer_recompute":
+    """An op inside a checkpoint region: recomputed, as the model asks and as torch does."""
+    if in_checkpoint_region(node):
         return Verdict(Pin.MUST_RECOMPUTE, "inside a torch.utils.checkpoint region: recomputed as the model asks "
                                            "(checkpoint_regions=\"plan\" lets remat decide)")
     return None

@@ -21,7 +21,6 @@ on the others, never a hang.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import logging
 import os
@@ -75,27 +74,6 @@ def side_group() -> Any:
     return _SIDE[0][1]
 
 
-def canonical_fingerprint(graph: fx.Graph) -> str:
-    """The graph's fingerprint with each node named by its position: equal on ranks that trace
-    the same code, whatever names the trace gave."""
-    position = {node: f"%{i}" for i, node in enumerate(graph.nodes)}
-    digest = hashlib.sha256()
-    for node in graph.nodes:
-        args = fx.node.map_arg((node.args, node.kwargs), lambda n: position[n])
-        value = node.meta.get("val", node.meta.get("example_value"))  # a joint graph's, or dynamo's
-        target = "" if node.op == "placeholder" else stable_name(node.target)  # a placeholder's target is its name
-        digest.update(repr((node.op, target, args, plan_cache.describe(value))).encode())
-    return digest.hexdigest()
-
-
-def stable_name(target: Any) -> str:
-    """A node's target by name, the same in every process (a Python function's repr holds its address)."""
-    text = str(target)
-    if " at 0x" not in text:
-        return text
-    return f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', type(target).__name__)}"
-
-
 @dataclass
 class Agreement:
     """One graph's exchange between the ranks; ``None`` from :meth:`for_graph` when there is
@@ -114,7 +92,8 @@ class Agreement:
             return None
         group = side_group()
         prints: list[Any] = [None] * size
-        mine = json.dumps([canonical_fingerprint(graph), plan_cache.request_key(request)], sort_keys=True)
+        mine = json.dumps([plan_cache.graph_fingerprint(graph, by_position=True), plan_cache.request_key(request)],
+                          sort_keys=True)
         exchange(lambda: dist.all_gather_object(prints, mine, group=group), rank)
         if len(set(prints)) > 1:
             log.warning("remat: the ranks compiled different graphs, or under different options (seen on rank %d): "
