@@ -5,6 +5,7 @@
     python -m bench --device cpu --models gpt gpt-softmax
     python -m bench --scaling                           # solver scaling, GPT-style 2 to 48 layers, CPU
     python -m bench --compile-time                      # first-step compile time beside torch.compile, CPU
+    python -m bench --fsdp                              # FSDP2 per-block on 2 CPU ranks: per-rank peak vs budget
 
 Per model it writes <date>-<device>-<model>.{json,md,png} into --out (a
 ``-smoke`` before the model name for --smoke), and <date>-<device>-summary.md
@@ -31,7 +32,7 @@ from typing import Any
 
 import torch
 
-from bench import compile_time, hf_models, pareto, peers, render, scaling
+from bench import compile_time, fsdp, hf_models, pareto, peers, render, scaling
 from remat.cli import parse_overrides
 from remat.zoo import build as build_zoo
 
@@ -100,6 +101,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="run the compile-time benchmark instead (CPU; --models demo gpt-<layers>, --layers)")
     p.add_argument("--render", nargs="+", default=None, metavar="JSON",
                    help="rewrite the markdown and plot of these result files from their rows")
+    p.add_argument("--fsdp", action="store_true",
+                   help="run the FSDP2 per-block benchmark instead (2 CPU ranks, gloo; per-rank peak against budget)")
     p.add_argument("--layers", type=int, nargs="+", default=None, help="depths for --scaling and --compile-time")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="override a size field of every model (e.g. layers=4); recorded in the results")
@@ -222,6 +225,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.compile_time:
         compile_time.main([*(["--models", *args.models] if args.models else []),
                            *(["--layers", *map(str, args.layers)] if args.layers else []), "--out", args.out])
+        return
+    if args.fsdp:
+        fsdp.main(["--out", args.out])
         return
     run(args, argv)
 

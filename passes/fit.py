@@ -23,6 +23,7 @@ from typing import Any
 import torch.fx as fx
 
 from remat.solvers.errors import BudgetError, format_bytes
+from remat.solvers.model import rank_extra_bytes
 from remat.solvers.plan import budget_error, min_budget_bytes
 
 from . import inductor_account as account
@@ -154,8 +155,10 @@ def compile_once(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Pla
     if not step.complete:
         log.warning("remat: %s; the compiled peak is a lower bound", step.incomplete_reason)
         plan.notes.append(f"compiled account incomplete: {step.incomplete_reason}")
-    plan.compiled_peak_bytes = step.peak_bytes
-    return compiled, plan, step.peak_bytes
+    # the rank's memory outside the graph (budget_scope "rank"): the program's peak is one part of it
+    peak = step.peak_bytes + rank_extra_bytes(plan.problem, plan.solution.saved)
+    plan.compiled_peak_bytes = peak
+    return compiled, plan, peak
 
 
 def compile_recorded(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, compile_graph: Compile,

@@ -26,6 +26,7 @@ from remat.solvers.simulate import evaluate
 from remat.solvers.solution import Solution, Status
 
 from . import plan_cache, ranks
+from .rank_scope import RankScope
 from . import torch_adapter as adapter
 from .memory import realized_peak, recomputed_in
 from .policies import in_checkpoint_region
@@ -73,6 +74,7 @@ class GraphPlan:
     rank: int = 0  # under torch.distributed: this process's rank, and how many ranks agreed on the plan
     world_size: int = 1
     node_order: list[str] = field(default_factory=list)  # the joint graph's node names, in order
+    scope: RankScope | None = None  # what the rank holds outside the graph, under a per-rank budget
     realized_peak_bytes: int | None = None
     figures: dict[str, object] = field(default_factory=dict)
     deferred: list[tuple[tuple[str, ...], Figures]] = field(default_factory=list)
@@ -195,6 +197,8 @@ class Planner:
         # Under torch.distributed, on ranks other than 0: rank 0's plan record and its joint
         # graph's node names, for the next graph (remat/backend.py)
         self.given: tuple[dict, list[str]] | None = None
+        # Set by the backend for each graph: the rank's memory outside it (budget_scope "rank"), or None
+        self.scope: RankScope | None = None
         # set by the backend (or the fitting loop) when the joint graph's capture begins
         self.capture_started: float | None = None
         self.chosen_at = 0.0  # when the last saved set was handed to torch
@@ -221,6 +225,7 @@ class Planner:
         else:
             plan = self.local_plan(joint_graph, node_info, forward, specialized)
         plan.node_order = [n.name for n in joint_graph.nodes]
+        plan.scope = self.scope
         self.note_rank(plan)
         if self.capture_started is not None:
             plan.timings = {"capture": entered - self.capture_started, **plan.timings}
@@ -242,11 +247,12 @@ class Planner:
 
     def note_rank(self, plan: GraphPlan) -> None:
         plan.rank, plan.world_size = ranks.world()
-        if plan.world_size > 1 and self.request.budget_bytes is not None:
-            note = ("the budget bounds this graph's own step: memory the rank holds outside it (other graphs' "
-                    "kept activations, FSDP's unsharded parameters and buffers, shards, eager code) is not counted")
-            if note not in plan.notes:
-                plan.notes.append(note)
+        if self.request.budget_bytes is None:
+            return
+        note = scope_note(plan.scope, plan.world_size, self.request.budget_scope)
+        if note is not None and note not in plan.notes:
+            plan.notes.append(note)
+        if note is not None and plan.scope is None:
             ranks.warn_once(note)
 
     def local_plan(self, joint_graph: fx.Graph, node_info: adapter.NodeInfo, forward: set[str],
@@ -257,6 +263,8 @@ class Planner:
             # the fitting loop's last plan is stored under the default key: the next
             # process starts from the plan that fitted
             key = plan_cache.graph_key(joint_graph, self.request, plan_cache.graph_device(joint_graph))
+            if self.scope is not None:  # planned for the rank: another rank layout is another plan
+                key["rank_scope"] = self.scope.key()
             cached = self.disk.load(key, joint_graph) if self.target is None else None
         if cached is not None:
             return self.plan_from_cache(cached, forward, joint_graph, node_info)
@@ -274,6 +282,8 @@ class Planner:
                               cost_folder=self.request.cost_cache)
         problem = build_problem(joint_graph, node_info, costs, fusion=self.request.compiler == "inductor",
                                 policy=self.request.policy)
+        if self.scope is not None:  # every memory row is the rank's
+            problem = self.scope.applied(problem)
         return problem, costs
 
     def lowest_of(self, problem: Problem) -> Lowest:
@@ -353,6 +363,22 @@ class Planner:
         if kind == "backward":
             check_realized(plan)
             plan.graphs = dict.fromkeys(plan.graphs)  # matched and checked: the modules are not kept alive
+
+
+def scope_note(scope: RankScope | None, world_size: int, budget_scope: str) -> str | None:
+    """What a budget bounds for this graph, when that is not simply the graph's whole step."""
+    if scope is not None:
+        return (f"the budget bounds the rank's step ({scope.wrapper}): counted {format_bytes(scope.resident_bytes)} "
+                f"resident, {format_bytes(scope.comm_bytes)} of communication buffers and {scope.copies} other "
+                "copies of this graph's kept activations and inputs; not counted: eager code between compiled "
+                "graphs beyond the tensors it hands them (headroom= holds a fraction back for it)")
+    if budget_scope == "rank":
+        return "budget_scope=\"rank\" found no FSDP2 or DDP model around this graph: the budget bounds its own step"
+    if world_size > 1:
+        return ("the budget bounds this graph's own step (budget_scope=\"graph\"): memory the rank holds outside "
+                "it (other graphs' kept activations, FSDP's unsharded parameters and buffers, shards, eager code) "
+                "is not counted")
+    return None
 
 
 def region_notes(joint_graph: fx.Graph, forward: set[str], regions: str) -> list[str]:

@@ -102,6 +102,7 @@ def request_key(request: PlanRequest) -> dict[str, Any]:
         "compiler": request.compiler,
         "time_limit_s": request.solve.time_limit_s,
         "policy": None if request.policy is None else request.policy.name,
+        "budget_scope": request.budget_scope,
     }
 
 

@@ -21,6 +21,7 @@ class PlanRequest:
     - ``cost_cache``: the folder of the measured op cost table (``passes/cost_table.py``), or ``None``.
     - ``policy``: decisions pinned before the solve (``remat.policies``), or ``None``.
     - ``checkpoint_regions``: "recompute" (the policy already pins them) or "plan".
+    - ``budget_scope``: "auto", "rank" or "graph" (``passes/rank_scope.py``).
     """
 
     solve: Request = field(default_factory=Request)
@@ -30,6 +31,7 @@ class PlanRequest:
     policy: Policy | None = None
     cost_cache: Path | None = None
     checkpoint_regions: str = "recompute"  # or "plan": remat decides inside torch.utils.checkpoint regions
+    budget_scope: str = "auto"
 
     @property
     def budget_bytes(self) -> int | None:

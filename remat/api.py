@@ -26,7 +26,7 @@ _BACKENDS: weakref.WeakKeyDictionary[Any, RematBackend] = weakref.WeakKeyDiction
 def compile(model: F, budget_gb: float | None = None, *, solver: str = "ilp", time_limit_s: float = 30.0,
             profile: str = "measure", compiler: str = "inductor", headroom: float | None = None,
             plan_cache: bool | str = True, policy: Policy | str | None = None, checkpoint_regions: str = "recompute",
-            dynamic: bool | None = None, fullgraph: bool = False) -> F:
+            budget_scope: str = "auto", dynamic: bool | None = None, fullgraph: bool = False) -> F:
     """``torch.compile`` whose partitioner fits each graph's step in ``budget_gb`` GiB.
 
     Raises :class:`remat.BudgetError` at the first call if the budget is below
@@ -115,7 +115,8 @@ def reports(compiled: Any = None) -> list[Report]:
 def plan(model: Callable[..., Any], *inputs: Any, budget_gb: float | None = None, solver: str = "ilp",
          time_limit_s: float = 30.0, profile: str = "measure", compiler: str = "inductor",
          headroom: float | None = None, plan_cache: bool | str = True,
-         policy: Policy | str | None = None, checkpoint_regions: str = "recompute") -> Report:
+         policy: Policy | str | None = None, checkpoint_regions: str = "recompute",
+         budget_scope: str = "auto") -> Report:
     """Plan ``model(*inputs)`` under ``budget_gb`` and return the Report.
 
     No training step runs and no parameter, buffer or gradient changes:

@@ -16,7 +16,7 @@ import torch.fx as fx
 from remat.passes import torch_adapter as adapter
 from remat.solvers.errors import GraphError
 from remat.passes.eager_compiler import compile_eager
-from remat.passes import plan_cache, ranks
+from remat.passes import plan_cache, rank_scope, ranks
 from remat.passes.fit import compile_fitted, compile_given, defer_min_feasible
 from remat.passes.partition import GraphPlan, PlanComplete, Planner
 
@@ -60,6 +60,9 @@ class RematBackend:
                 "the others' activations stay alive, so the rank's step would exceed it. Set "
                 "torch._dynamo.config.optimize_ddp = False before compiling (DDP still overlaps its "
                 "allreduces with the backward), or drop budget_gb.")
+        # what the rank holds outside this graph, when the budget is the rank's (read before
+        # any exchange: every rank reads its own FSDP or DDP state)
+        self.planner.scope = rank_scope.scope_of(gm, example_inputs, self.planner.request.budget_scope)
         agreement = ranks.Agreement.for_graph(gm.graph, self.planner.request)
         if agreement is not None and not agreement.decides:
             return self.follow(gm, example_inputs, agreement)

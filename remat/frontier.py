@@ -90,7 +90,7 @@ class Frontier(Deferring):
 def sweep(model: Callable[..., Any], *inputs: Any, budgets: Sequence[float] | None = None, points: int = 6,
           solver: str = "ilp", time_limit_s: float = 30.0, profile: str = "measure", compiler: str = "inductor",
           headroom: float | None = None, policy: Policy | str | None = None, checkpoint_regions: str = "recompute",
-          measure: bool = False) -> Frontier:
+          budget_scope: str = "auto", measure: bool = False) -> Frontier:
     """Plan ``model(*inputs)`` at several budgets (GiB) and return the frontier.
 
     The graph is captured and profiled once; each budget is one solve. Without

@@ -19,6 +19,7 @@ from .budget import budget_bytes
 COMPILERS = ("inductor", "eager")
 PROFILES = ("measure", "analytic")
 CHECKPOINT_REGIONS = ("recompute", "plan")
+BUDGET_SCOPES = ("auto", "rank", "graph")
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,12 @@ class Options:
       asked, as torch does, and reports say so; "plan" lets remat decide
       inside them too, as for the rest of the graph. Selective-checkpoint
       tags (``MUST_SAVE``/``MUST_RECOMPUTE``) bind either way.
+    - ``budget_scope``: what ``budget_gb`` bounds under FSDP2 or DDP. "rank": the
+      rank's whole step (local shards, FSDP's unsharded parameters and
+      communication buffers, DDP's buckets, and every copy of a compiled block's
+      kept activations); "graph": each compiled graph's own step; "auto"
+      (default): "rank" where remat finds an FSDP2 or DDP model around the graph,
+      else "graph" (see the README, Distributed training).
     """
 
     budget_gb: float | None = None
@@ -64,6 +71,7 @@ class Options:
     plan_cache: bool | str | os.PathLike[str] = True
     policy: Policy | str | None = None
     checkpoint_regions: str = "recompute"
+    budget_scope: str = "auto"
 
     def __post_init__(self) -> None:
         if self.headroom is not None and not (isinstance(self.headroom, (int, float)) and 0 <= self.headroom < 1):
@@ -71,6 +79,8 @@ class Options:
         budget_bytes(self.budget_gb)  # validates
         if self.checkpoint_regions not in CHECKPOINT_REGIONS:
             raise ValueError(f"checkpoint_regions must be one of {CHECKPOINT_REGIONS}, not {self.checkpoint_regions!r}")
+        if self.budget_scope not in BUDGET_SCOPES:
+            raise ValueError(f"budget_scope must be one of {BUDGET_SCOPES}, not {self.budget_scope!r}")
         if self.compiler not in COMPILERS:
             raise ValueError(f"compiler must be one of {COMPILERS}, not {self.compiler!r}")
         if self.profile not in PROFILES:
@@ -105,7 +115,8 @@ class Options:
         solve = Request(self.budget_bytes, self.headroom, self.solver, self.time_limit_s)
         plans = cache_dir(self.plan_cache)
         policy = with_regions(policy_named(self.policy), self.checkpoint_regions)
-        return PlanRequest(solve, self.profile, self.compiler, plans, policy, cost_dir(plans), self.checkpoint_regions)
+        return PlanRequest(solve, self.profile, self.compiler, plans, policy, cost_dir(plans), self.checkpoint_regions,
+                           self.budget_scope)
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, object] | None) -> Options:

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from remat import solvers
+from remat.solvers.model import rank_extra_bytes
 from remat.solvers.plan import min_budget_bytes
 from remat.solvers.problem import Kind, Problem, Value
 from remat.solvers.solution import Solution
@@ -77,6 +78,13 @@ class Report(Deferring):
     # under torch.distributed: this process's rank and the ranks that share the plan (rank 0's)
     rank: int = 0
     world_size: int = 1
+    # what budget_bytes bounds: "graph" (this graph's step) or "rank" (the rank's step, FSDP2 or
+    # DDP: then every peak here is the rank's, and these are the bytes counted outside the graph)
+    budget_scope: str = "graph"
+    resident_bytes: int = 0  # local shards, unsharded parameters kept across the step, DDP's buckets
+    comm_bytes: int = 0  # FSDP's prefetched all-gather and a reduce-scatter input
+    kept_copies: int = 0  # other modules this graph's plan stands for, each holding its kept values
+    copies_kept_bytes: int = 0  # what they hold: their kept values and inputs under this plan
     min_feasible_solve_seconds: float = Deferred(0.0)
     min_cut_seconds: float = Deferred(0.0)  # torch's own partitioner decision, for comparison
     joint_graph_steps: int = 0
@@ -199,6 +207,9 @@ class Report(Deferring):
             lines.append(f"torch min-cut peak     {gib(self.min_cut_peak_bytes)}")
         if self.measured_peak_bytes is not None:
             lines.append(f"measured peak          {gib(self.measured_peak_bytes)}")
+        if self.budget_scope == "rank":
+            lines.append(f"rank outside graph     {gib(self.resident_bytes)} resident, {gib(self.comm_bytes)} "
+                         f"communication, {gib(self.copies_kept_bytes)} kept by {self.kept_copies} other copies")
         lines += [
             f"recomputed             {len(self.recomputed)} of {len(self.nodes)} nodes; largest: {self.largest_recomputed()}",
             f"added time (predicted) {self.predicted_overhead_seconds * 1e3:+.3f} ms vs keeping everything",
@@ -241,6 +252,7 @@ def report_of(plan: Any) -> Report:
         timings=dict(plan.timings),
         rank=plan.rank,
         world_size=plan.world_size,
+        **scope_fields(plan.scope, problem, solution),
         plan_cache=plan.plan_cache,
         **plan.figures,
     )
@@ -249,6 +261,15 @@ def report_of(plan: Any) -> Report:
     attach_timelines(report, problem, solution, plan.store_all)
     report.__dict__["_built"] = True  # read-only from here: remat's code never changes it again
     return report
+
+
+def scope_fields(scope: Any, problem: Problem, solution: Solution) -> dict[str, Any]:
+    """The per-rank budget's part of a Report (``remat.passes.rank_scope``), or nothing."""
+    if scope is None:
+        return {}
+    copies = rank_extra_bytes(problem, solution.saved) - problem.outside_bytes + scope.copy_input_bytes
+    return {"budget_scope": "rank", "resident_bytes": scope.resident_bytes, "comm_bytes": scope.comm_bytes,
+            "kept_copies": scope.copies, "copies_kept_bytes": copies}
 
 
 # --- timelines ---------------------------------------------------------------

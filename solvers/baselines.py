@@ -16,11 +16,13 @@ from .model import (
     Interval,
     candidate_users,
     clip,
+    copies_bytes,
     direct_start,
     exact_starts,
     keep_interval,
     recomputable,
     recompute_interval,
+    whole_run,
 )
 from .problem import Problem, Value
 from .simulate import canonical, evaluate
@@ -113,6 +115,7 @@ class _Greedy:
     """The current plan and its timeline, so moves are scored incrementally."""
 
     def __init__(self, problem: Problem, plan: Solution) -> None:
+        self.problem = problem
         self.by_name = problem.by_name()
         self.recomputable = recomputable(problem)
         self.saved = set(plan.saved)
@@ -141,7 +144,7 @@ class _Greedy:
         start = self.start_of(value)
         if start is None or self.shifts(value, start):
             return None
-        deltas = [(keep_interval(value), -value.bytes),
+        deltas = [(keep_interval(value), -value.bytes), (whole_run(self.problem), -copies_bytes(self.problem, value)),
                   (recompute_interval(value, start), value.held_when_recomputed)]
         new_saved: list[str] = []
         new_recomputed, starts = [value.name], [(value.name, start)]
@@ -157,7 +160,7 @@ class _Greedy:
                 continue
             if u.savable:
                 new_saved.append(u.name)
-                deltas.append((keep_interval(u), u.bytes))
+                deltas += [(keep_interval(u), u.bytes), (whole_run(self.problem), copies_bytes(self.problem, u))]
             else:  # a view: recomputable, since its user is
                 view_start = self.start_of(u, (needed_at,))
                 if view_start is None or self.shifts(u, view_start):

@@ -26,6 +26,7 @@ from .model import (
     Starts,
     candidate_users,
     clip,
+    copies_bytes,
     exact_starts,
     fixed_diff,
     keep_interval,
@@ -34,6 +35,7 @@ from .model import (
     recompute_interval,
     running_sum,
     start_segments,
+    whole_run,
     workspace,
 )
 from .problem import Problem, Value
@@ -198,7 +200,8 @@ def _add_memory_rows(model: Model, problem: Problem, fixed: list[int]) -> list[b
     terms: list[list[tuple[pulp.LpVariable, float]]] = [[] for _ in range(T)]
     starts = [False] * T
     for v in model.candidates:
-        decisions = [(model.S.get(v.name), keep_interval(v), v.bytes)]
+        decisions = [(model.S.get(v.name), keep_interval(v), v.bytes),
+                     (model.S.get(v.name), whole_run(problem), copies_bytes(problem, v))]
         decisions += [(x, span, v.held_when_recomputed) for x, span in _recompute_spans(model, v)]
         for var, interval, nbytes in decisions:
             span = clip(interval, T)

@@ -133,11 +133,29 @@ def add_interval(diff: list[int], interval: Interval | None, nbytes: int) -> Non
 
 
 def fixed_diff(problem: Problem) -> list[int]:
-    """Difference array of the memory that no decision changes."""
+    """Difference array of the memory that no decision changes (``outside_bytes`` included)."""
     diff = [0] * (problem.num_steps + 1)
     for value in problem.values:
         add_interval(diff, fixed_interval(value, problem.num_steps), value.fixed_bytes)
+    add_interval(diff, whole_run(problem), problem.outside_bytes)
     return diff
+
+
+def whole_run(problem: Problem) -> Interval | None:
+    """Every step: where ``outside_bytes`` and the other copies' kept values are alive."""
+    return (0, problem.num_steps - 1) if problem.num_steps else None
+
+
+def copies_bytes(problem: Problem, value: Value) -> int:
+    """What keeping ``value`` costs in the other copies of the graph, at every step."""
+    return problem.kept_copies * value.bytes
+
+
+def rank_extra_bytes(problem: Problem, saved: Iterable[str]) -> int:
+    """What a plan's per-rank peak adds to its graph's own: ``outside_bytes`` and the other
+    copies' kept values (both alive at every step)."""
+    by_name = problem.by_name()
+    return problem.outside_bytes + sum(copies_bytes(problem, by_name[name]) for name in saved)
 
 
 def running_sum(diff: Iterable[int]) -> list[int]:

@@ -26,6 +26,7 @@ from typing import Generic, TypeVar
 from .baselines import greedy, recompute_all, store_all
 from .errors import GIB, BudgetError, Infeasible, InvalidPlan, PlanError, format_bytes
 from .ilp import ILPConfig, min_peak
+from .model import rank_extra_bytes
 from .problem import Kind, Problem, Value
 from .registry import available, get
 from .simulate import added_seconds, alive_at, closure, evaluate
@@ -294,6 +295,8 @@ def breakdown_at_peak(problem: Problem, solution: Solution) -> dict[str, int]:
     for value, why, nbytes in alive_at(problem, solution.saved, solution.recomputed, step):
         parts[category(value, why, step)] += nbytes
     parts["op workspace"] += problem.workspace_at(step)
+    parts["the rank's memory outside this graph (shards, communication buffers)"] += problem.outside_bytes
+    parts["other copies' kept activations"] += rank_extra_bytes(problem, solution.saved) - problem.outside_bytes
     return dict(sorted(((k, b) for k, b in parts.items() if b), key=lambda kv: -kv[1]))
 
 

@@ -114,6 +114,15 @@ class Problem:
 
     ``values`` are in production order. ``workspace[t]`` is the scratch
     memory of the op at step ``t``. ``step_names[t]`` names the node there.
+
+    Under a per-rank budget the graph is one part of what the rank holds:
+
+    - ``outside_bytes``: memory alive throughout the graph's step that no value
+      of it owns (FSDP's local shards and communication buffers, other copies'
+      inputs), added to every step;
+    - ``kept_copies``: how many other copies of this graph (identical blocks that
+      share its plan) hold their kept values through its whole step: each kept
+      value's bytes count that many more times at every step.
     """
 
     values: tuple[Value, ...]
@@ -121,6 +130,8 @@ class Problem:
     num_steps: int
     workspace: tuple[int, ...] = ()
     step_names: tuple[str, ...] = ()
+    outside_bytes: int = 0
+    kept_copies: int = 0
     meta: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -129,6 +140,8 @@ class Problem:
             raise ValueError("Problem: value names must be unique")
         if self.workspace and len(self.workspace) != self.num_steps:
             raise ValueError("Problem: workspace needs one entry per step")
+        if self.outside_bytes < 0 or self.kept_copies < 0:
+            raise ValueError("Problem: outside_bytes and kept_copies cannot be negative")
 
     def by_name(self) -> dict[str, Value]:
         return {v.name: v for v in self.values}
@@ -145,6 +158,7 @@ def problem_to_dict(problem: Problem) -> dict:
     return {"values": [{**asdict(v), "kind": v.kind.value} for v in problem.values],
             "num_forward_steps": problem.num_forward_steps, "num_steps": problem.num_steps,
             "workspace": list(problem.workspace), "step_names": list(problem.step_names),
+            "outside_bytes": problem.outside_bytes, "kept_copies": problem.kept_copies,
             "meta": {k: str(v) for k, v in problem.meta.items()}}
 
 
@@ -159,4 +173,5 @@ def problem_from_dict(data: dict) -> Problem:
         tuples = {k: tuple(row[k]) for k in ("operands", "keep_operands") if k in row}
         values.append(Value(**{**row, **tuples, "kind": Kind(row["kind"])}))
     return Problem(tuple(values), data["num_forward_steps"], data["num_steps"], tuple(data["workspace"]),
-                   tuple(data["step_names"]), dict(data.get("meta", {})))
+                   tuple(data["step_names"]), data.get("outside_bytes", 0), data.get("kept_copies", 0),
+                   dict(data.get("meta", {})))

@@ -14,11 +14,13 @@ from .model import (
     add_interval,
     clip,
     exact_starts,
+    copies_bytes,
     fixed_diff,
     fixed_interval,
     keep_interval,
     recompute_interval,
     running_sum,
+    whole_run,
     workspace,
 )
 from .problem import Problem, Value
@@ -131,6 +133,7 @@ def timeline(problem: Problem, saved: Iterable[str], recomputed: Iterable[str],
     diff = fixed_diff(problem)
     for name in saved:
         add_interval(diff, keep_interval(by_name[name]), by_name[name].bytes)
+        add_interval(diff, whole_run(problem), copies_bytes(problem, by_name[name]))
     for name in recomputed:
         value = by_name[name]
         add_interval(diff, recompute_interval(value, starts.get(name)), value.held_when_recomputed)
@@ -141,7 +144,9 @@ def alive_at(problem: Problem, saved: Iterable[str], recomputed: Iterable[str],
              step: int) -> list[tuple[Value, str, int]]:
     """What the plan holds at ``step``: (value, why, bytes) for every value alive there, by the
     same intervals as :func:`timeline`, so their bytes plus the step's workspace sum to
-    ``timeline(...)[step]``. ``why``: "fixed" (alive whatever the plan), "kept" or "recomputed"."""
+    ``timeline(...)[step]`` less ``rank_extra_bytes`` (the problem's ``outside_bytes`` and other
+    copies' kept values, which no value of this graph owns). ``why``: "fixed" (alive whatever the
+    plan), "kept" or "recomputed"."""
     saved, recomputed = frozenset(saved), frozenset(recomputed)
     starts = exact_starts(problem, recomputed)
 

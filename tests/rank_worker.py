@@ -27,22 +27,25 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 import remat
 from remat.errors import GIB
+from remat.measure import cpu_step_peak
 from remat.passes import partition, profile
 from tests.conftest import build
 
 WORKER_LIMIT_S = 420
 SCENARIOS = ("alone", "agreed", "budget_error", "different_graphs", "tagged_collective", "fsdp_fullgraph",
-             "ddp_tiny_buckets", "fsdp_compile_then_shard", "fsdp_shard_then_compile", "ddp", "ddp_budget", "inductor")
+             "ddp_tiny_buckets", "fsdp_compile_then_shard", "fsdp_shard_then_compile", "ddp", "ddp_budget", "inductor",
+             "fsdp_rank_budget")
 
 
 def distort_times(rank: int) -> None:
-    """Each op's measured time times a factor drawn per (rank, op), 0.1 to 10."""
+    """Each op's measured time times a factor drawn per op, 0.1 to 10, on rank 0 and its inverse on
+    the others: what is cheap to recompute on one rank is dear on the other."""
     measure = profile.time_call
     draws: dict[int, float] = {}
 
     def distorted(fn: Any, device: torch.device, *args: Any) -> float:
-        factor = draws.setdefault(len(draws), random.Random(f"{rank}-{len(draws)}").uniform(0.1, 10.0))
-        return measure(fn, device, *args) * factor
+        factor = draws.setdefault(len(draws), random.Random(f"op-{len(draws)}").uniform(0.1, 10.0))
+        return measure(fn, device, *args) * (factor if rank == 0 else 1 / factor)
 
     profile.time_call = distorted
 
@@ -73,12 +76,15 @@ def budget_gb(model: torch.nn.Module, inputs: tuple, fraction: float, **options:
 
 
 def alone() -> dict[str, Any]:
-    """Agreement off: each rank's own (distorted) plan."""
+    """Agreement off: each rank's own (distorted) plans, at two binding budgets."""
     os.environ["REMAT_RANK_AGREEMENT"] = "off"
     try:
         model, inputs = build("gpt", layers=1)
-        budget = budget_gb(model, inputs, 0.5, compiler="eager")
-        return decision(remat.plan(model, *inputs, budget_gb=budget, compiler="eager"))
+        plans = {}
+        for fraction in (0.3, 0.6):
+            budget = budget_gb(model, inputs, fraction, compiler="eager")
+            plans[str(fraction)] = decision(remat.plan(model, *inputs, budget_gb=budget, compiler="eager"))
+        return plans
     finally:
         del os.environ["REMAT_RANK_AGREEMENT"]
 
@@ -186,14 +192,16 @@ def fsdp_blocks(order: str) -> dict[str, Any]:
     width = model.tok_emb.embedding_dim
     block_input = torch.randn(2, 16, width, requires_grad=True)
     budget = budget_gb(copy.deepcopy(model.blocks[0]), (block_input,), 0.5, compiler="eager")
+    # the budget is one block graph's (budget_scope "graph"); fsdp_rank_budget tests the rank's
+    per_graph = {"budget_gb": budget, "compiler": "eager", "budget_scope": "graph"}
     before = len(remat.reports())
     for net in (model, reference):
         for block in net.blocks:
             if net is model and order == "compile-then-shard":
-                block.compile(backend="remat", options={"budget_gb": budget, "compiler": "eager"})
+                block.compile(backend="remat", options=per_graph)
             fully_shard(block)
             if net is model and order == "shard-then-compile":
-                block.compile(backend="remat", options={"budget_gb": budget, "compiler": "eager"})
+                block.compile(backend="remat", options=per_graph)
         fully_shard(net)
     model(*inputs).backward()
     reference(*inputs).backward()
@@ -223,7 +231,10 @@ def ddp_budget() -> dict[str, Any]:
         compiled = remat.compile(DistributedDataParallel(model, bucket_cap_mb=1), budget_gb=1.0, compiler="eager")
         compiled(*inputs).backward()
     reference(*inputs).backward()
-    return {"split": split, "graphs": len(remat.reports(compiled)), "grads_match": grads_match(model, reference)}
+    (report,) = remat.reports(compiled)
+    return {"split": split, "graphs": 1, "grads_match": grads_match(model, reference),
+            "budget_scope": report.budget_scope, "resident_bytes": report.resident_bytes,
+            "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
 
 
 def inductor() -> dict[str, Any]:
@@ -241,6 +252,52 @@ def inductor() -> dict[str, Any]:
     return {**decision(report), "grads_match": close, "compiled_peak_bytes": report.compiled_peak_bytes}
 
 
+def sharded_blocks(base: torch.nn.Module, options: dict[str, Any]) -> torch.nn.Module:
+    """A copy of ``base`` with each block compiled with backend="remat" and sharded, then the root."""
+    torch._dynamo.reset()
+    model = copy.deepcopy(base)
+    for block in model.blocks:
+        block.compile(backend="remat", options=options)
+        fully_shard(block)
+    fully_shard(model)
+    return model
+
+
+def rank_peak(model: torch.nn.Module, inputs: tuple) -> int:
+    """The rank's measured step peak, max over 3 steps: the CPU profiler's peak above what was
+    allocated before the step (gradients set to None first), plus the local shards held then."""
+    shards = sum(local(p).untyped_storage().nbytes() for p in model.parameters())
+    peaks = []
+    for _ in range(3):
+        model.zero_grad(set_to_none=True)
+        peaks.append(cpu_step_peak(lambda: model(*inputs).backward()))
+    return max(peaks) + shards
+
+
+def fsdp_rank_budget() -> dict[str, Any]:
+    """FSDP2, 4 blocks compiled: a budget half way between the rank's smallest feasible and
+    store-all holds per rank as measured with budget_scope "rank" (the default), and not with
+    "graph", where each block graph gets the whole budget."""
+    torch.manual_seed(0)
+    base, inputs = build("gpt", layers=4, batch=4, seq=64)
+    before = len(remat.reports())
+    sharded_blocks(base, {"compiler": "eager"})(*inputs).backward()
+    unbudgeted = remat.reports()[before]
+    budget = [unbudgeted.budget_at(0.5)]
+    dist.broadcast_object_list(budget, src=0)
+    result: dict[str, Any] = {"budget_bytes": budget[0], "scope_unbudgeted": unbudgeted.budget_scope}
+    for scope in ("auto", "graph"):
+        before = len(remat.reports())
+        model = sharded_blocks(base, {"compiler": "eager", "budget_gb": budget[0] / GIB, "budget_scope": scope})
+        model(*inputs).backward()
+        report = remat.reports()[before]
+        result[scope] = {**decision(report), "measured": rank_peak(model, inputs),
+                         "predicted": report.predicted_peak_bytes, "budget_scope": report.budget_scope,
+                         "kept_copies": report.kept_copies, "resident_bytes": report.resident_bytes,
+                         "comm_bytes": report.comm_bytes, "graphs": len(remat.reports()) - before}
+    return result
+
+
 def main(rank: int, world: int, port: int, out: str) -> None:
     faulthandler.dump_traceback_later(WORKER_LIMIT_S, exit=True)  # a hang shows where each rank waits
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
@@ -252,7 +309,7 @@ def main(rank: int, world: int, port: int, out: str) -> None:
             "fsdp_fullgraph": fsdp_fullgraph, "ddp_tiny_buckets": ddp_tiny_buckets,
             "fsdp_compile_then_shard": functools.partial(fsdp_blocks, "compile-then-shard"),
             "fsdp_shard_then_compile": functools.partial(fsdp_blocks, "shard-then-compile"), "ddp": ddp, "ddp_budget": ddp_budget,
-            "inductor": inductor}
+            "inductor": inductor, "fsdp_rank_budget": fsdp_rank_budget}
     for name in SCENARIOS:
         fresh()
         results[name] = runs[name]()

@@ -22,7 +22,8 @@ from remat.solvers import (
 )
 from remat.solvers import ilp
 from remat.solvers.backends import Outcome
-from remat.solvers.model import start_segments
+from remat.solvers.model import rank_extra_bytes, start_segments
+from remat.solvers.simulate import evaluate
 from remat.solvers.testing import Node, brute_force, build_problem, random_problem
 
 BACKENDS = ["highs", "cbc"]
@@ -272,3 +273,27 @@ def test_a_long_chain_starts_where_it_is_first_needed(monkeypatch: pytest.Monkey
     # the earliest and the read) over-counts b through t
     monkeypatch.setattr(ilp, "start_segments", lambda problem: start_segments(problem, 1))
     assert min_peak(problem, config=EXACT).peak_bytes > 1020
+
+
+@pytest.mark.parametrize("index", range(0, len(SMALL), 2))
+def test_other_copies_and_outside_memory_enter_every_row(index: int) -> None:
+    """A per-rank problem (two more copies of the graph keep their kept values; shards held
+    outside it): the simulator adds exactly that to every step, and the ILP still matches
+    brute force over it."""
+    alone = SMALL[index]
+    problem = replace(alone, outside_bytes=1000, kept_copies=2)
+    for plan in brute_force(alone)[:8]:
+        extra = 1000 + 2 * sum(alone.by_name()[n].bytes for n in plan.saved)
+        scoped = evaluate(problem, plan.saved)
+        assert [a - b for a, b in zip(scoped.timeline, plan.timeline)] == [extra] * len(plan.timeline)
+        assert rank_extra_bytes(problem, plan.saved) == extra
+    plans = brute_force(problem)
+    peaks = sorted({p.peak_bytes for p in plans})
+    for budget in (peaks[0], peaks[len(peaks) // 2]):
+        best = min(p.added_seconds for p in plans if p.peak_bytes <= budget)
+        plan = solve_ilp(problem, budget, config=EXACT)
+        assert_valid(problem, plan, budget)
+        assert plan.added_seconds == pytest.approx(best, rel=1e-6, abs=1e-9)
+    assert min_peak(problem, config=EXACT).peak_bytes == peaks[0]
+    with pytest.raises(Infeasible):
+        solve_ilp(problem, peaks[0] - 1, config=EXACT)

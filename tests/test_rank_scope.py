@@ -1,0 +1,66 @@
+"""The per-rank budget's arithmetic (passes/rank_scope.py), in one process; tests/test_ranks.py
+measures it on two ranks under FSDP2 and DDP."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import remat
+from remat.passes import rank_scope
+from remat.passes.rank_scope import RankScope, copies_of, fsdp2_scope
+from remat.passes.torch_adapter import FsdpGroup
+from remat.solvers.testing import random_problem
+from tests.conftest import build
+
+
+def group(module: torch.nn.Module, shard: int, unsharded: int, reshards: bool = True) -> FsdpGroup:
+    return FsdpGroup((module,), shard, shard, unsharded, unsharded, reshards)
+
+
+def test_copies_are_the_other_modules_built_like_the_compiled_one() -> None:
+    model, _ = build("gpt", layers=3)
+    assert copies_of(model.blocks[0], model) == 2
+    assert copies_of(model, model) == 0  # the whole model in one graph: nothing else holds its values
+    other = torch.nn.Linear(4, 4)
+    assert copies_of(other, torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 8), other)) == 1
+
+
+def test_fsdp2_counts_every_shard_the_root_kept_unsharded_a_prefetch_and_a_reduce_scatter() -> None:
+    model, _ = build("gpt", layers=3)
+    blocks = [group(b, shard=100, unsharded=200) for b in model.blocks]
+    root = group(model, shard=50, unsharded=100, reshards=False)  # the root stays unsharded through the step
+    scope = fsdp2_scope([root, *blocks], model.blocks[2], model, model.blocks[2], graph_params=200, inputs=30)
+    assert scope.resident_bytes == 2 * (50 + 3 * 100) + 100  # parameter and gradient shards, the root's parameters
+    assert scope.comm_bytes == 200 + 200  # the next block's all-gather, one reduce-scatter input
+    assert (scope.copies, scope.copy_input_bytes) == (2, 60)
+    assert scope.outside_bytes == scope.resident_bytes + scope.comm_bytes + 60
+
+
+def test_a_graph_of_the_unresharded_root_counts_its_other_parameters_only() -> None:
+    model, _ = build("gpt", layers=1)
+    root = group(model, shard=50, unsharded=100, reshards=False)
+    scope = fsdp2_scope([root], model, model, model, graph_params=100, inputs=0)
+    assert (scope.resident_bytes, scope.comm_bytes, scope.copies) == (100, 100, 0)
+
+
+def test_a_scope_puts_its_bytes_in_the_problem() -> None:
+    problem = random_problem(3, 12, 12)
+    scoped = RankScope("FSDP2", copies=2, resident_bytes=10, comm_bytes=5, copy_input_bytes=4).applied(problem)
+    assert (scoped.outside_bytes, scoped.kept_copies) == (19, 2)
+    assert scoped.values == problem.values
+
+
+def test_no_fsdp_or_ddp_around_a_graph_means_no_rank_scope() -> None:
+    model, inputs = build("gpt", layers=1)
+    gm = torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
+    assert rank_scope.scope_of(gm, [], "auto") is None
+    assert rank_scope.scope_of(gm, [], "rank") is None
+    assert rank_scope.scope_of(gm, [], "graph") is None
+    report = remat.plan(model, *inputs, compiler="eager", budget_scope="rank")
+    assert report.budget_scope == "graph" and report.kept_copies == 0
+
+
+def test_budget_scope_is_checked() -> None:
+    with pytest.raises(ValueError, match="budget_scope must be one of"):
+        remat.Options(budget_scope="node")
