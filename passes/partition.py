@@ -279,7 +279,7 @@ class Planner:
     def profiled(self, joint_graph: fx.Graph, node_info: adapter.NodeInfo) -> tuple[Problem, dict]:
         """The graph's problem, and the costs profiled for it."""
         costs = profile_graph(joint_graph, mode=self.request.profile, cache=self.cache,
-                              cost_folder=self.request.cost_cache)
+                              cost_folder=self.request.cost_cache, inductor=self.request.compiler == "inductor")
         problem = build_problem(joint_graph, node_info, costs, fusion=self.request.compiler == "inductor",
                                 policy=self.request.policy)
         if self.scope is not None:  # every memory row is the rank's

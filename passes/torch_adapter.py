@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import os
 import sys
+import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -189,6 +190,19 @@ def _fsdp_group(group: Any) -> FsdpGroup:
             unsharded_grads += local * world * (param.reduce_dtype or param.param_dtype or param.orig_dtype).itemsize
     return FsdpGroup(tuple(group.modules), shards, grads, unsharded, unsharded_grads,
                      group.post_forward_mesh_info is not None)
+
+
+CONVOLUTIONS = (torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default)
+
+
+def inductor_channels_last(graph: fx.Graph) -> bool:
+    """Whether Inductor lays this joint graph's convolutions out channels-last (its layout
+    optimization: always on the CPU with mkldnn, by size heuristics on CUDA). The backward's
+    convolutions then read channels-last activations too."""
+    from torch._inductor.graph import GraphLowering
+
+    holder = types.SimpleNamespace(graph=graph)  # the heuristic reads only the graph
+    return bool(GraphLowering.decide_layout_opt(holder, is_inference=False))  # type: ignore[arg-type]
 
 
 def fx_graph_cache_counts() -> dict[str, int]:

@@ -79,12 +79,10 @@ def test_remat_under_inductor_fits_the_budget_by_its_compiled_account(name: str)
     measured = measured_peak(model, compiled, inputs)
     assert report.compiled_peak_bytes <= report.planned_budget_bytes
     assert measured <= report.budget_bytes
-    # exact on the transformer (SDPA's backward tuple freed with its name); on the conv net the
-    # account holds each convolution's scratch as measured alone, more than the step allocates
+    # exact on the transformer (SDPA's backward tuple freed with its name) and on the conv net,
+    # whose convolutions' scratch is measured channels-last, as Inductor lays them out
     assert name != "gpt" or report.recomputed  # the backward recomputes: the case the tuple rule fixed
-    if name != "convnet":
-        assert measured == report.compiled_peak_bytes
-    assert measured <= report.compiled_peak_bytes
+    assert measured == report.compiled_peak_bytes
 
 
 def test_the_smallest_feasible_budget_from_plan_is_accepted() -> None:
