@@ -1,6 +1,6 @@
 """Solver scaling: plan GPT-style models of growing depth on this machine's CPU.
 
-    python -m bench.scaling                      # 2 to 48 layers, d=256, seq 128
+    python -m bench.scaling                      # 2 to 96 layers, d=256, seq 128
     python -m bench.scaling --layers 2 12 --out bench/results
     python -m bench --scaling                    # the same, from the bench entry point
 
@@ -10,7 +10,8 @@ come from the per-process cost cache), the ILP's solve seconds, status and
 gap at a binding budget (half way between the smallest feasible and
 store-all), the smallest-peak solve, and torch's own min-cut decision time
 on the same graph. Writes <date>-cpu-scaling.{json,md,png}; the markdown
-checks the targets (12 layers solved in at most 5 s, 48 in at most 30 s).
+checks the targets (the binding-budget solve plus the smallest-peak solve: 12 layers in at most
+5 s, 48 in at most 30 s, 96 in at most 60 s).
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from remat.errors import GIB
 from remat.zoo import build
 
 SIZE = {"d_model": 256, "heads": 8, "seq": 128, "vocab": 1024, "batch": 8}
-DEPTHS = (2, 4, 8, 12, 24, 48)
-TARGETS = {12: 5.0, 48: 30.0}  # layers: most ILP solve seconds
+DEPTHS = (2, 4, 8, 12, 24, 48, 96)
+TARGETS = {12: 5.0, 48: 30.0, 96: 60.0}  # layers: most seconds of the ILP solve plus the smallest-peak solve
 
 
 def plan_depth(layers: int, compiler: str) -> dict:
@@ -63,13 +64,15 @@ def markdown(rows: list[dict]) -> str:
 
 
 def targets(rows: list[dict]) -> str:
-    """Whether each depth with a target solved within it (the binding-budget solve)."""
+    """Whether each depth with a target solved within it (the binding-budget solve plus the smallest-peak one)."""
     out = ""
     for r in rows:
         limit = TARGETS.get(r["layers"])
         if limit is not None:
-            met = "yes" if r["solve_seconds"] <= limit else "**no**"
-            out += f"- {r['layers']} layers: ILP solve {r['solve_seconds']} s, target <= {limit:g} s: {met}\n"
+            total = r["solve_seconds"] + r["min_feasible_solve_seconds"]
+            met = "yes" if total <= limit else "**no**"
+            out += (f"- {r['layers']} layers: ILP solve {r['solve_seconds']} s + smallest-peak solve "
+                    f"{r['min_feasible_solve_seconds']} s = {total:.3f} s, target <= {limit:g} s: {met}\n")
     return out
 
 
