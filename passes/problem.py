@@ -21,7 +21,7 @@ from remat.solvers.problem import Kind, Problem, Value
 from . import torch_adapter as adapter
 from .profile import DevicePeaks, NodeCost, device_of, multi_output_parent
 from .policies import Pin, Policy, Verdict, with_safety
-from .taxonomy import CATEGORY, classify
+from .taxonomy import CATEGORY, classify, repeated_blocks
 
 # Recomputing a pointwise op that Inductor fuses into its consumer costs a
 # fraction of running it alone: its inputs are read anyway, its output is
@@ -371,13 +371,14 @@ def build_problem(graph: fx.Graph, node_info: adapter.NodeInfo, costs: dict[str,
     peaks = DevicePeaks.for_device(device_of(graph))
     need = need_intervals(order)
     by_name = {n.name: n for n in graph.nodes}
+    blocks = repeated_blocks(order.forward)
     fields: dict[fx.Node, dict] = {}
     for node in problem_nodes(graph, order):
         cost = costs[node.name]
         base = {"name": node.name, "bytes": cost.bytes, "produced": produced_at(node, order), **cost_fields(cost, peaks, fusion)}
         base["op"], base["category"] = str(node.target), node.meta[CATEGORY]
-        extra = forward_fields(node, costs, order, outputs, need, policy) if node in order.forward \
-            else backward_fields(node, order, outputs)
+        extra = {**forward_fields(node, costs, order, outputs, need, policy), "block": blocks.get(node, "")} \
+            if node in order.forward else backward_fields(node, order, outputs)
         fields[node] = {**base, **extra}
     ban_reading_written_inputs(fields, adapter.mutated_inputs(graph), costs)
     owners = {n: storage_owner(n, costs, by_name) for n in fields}

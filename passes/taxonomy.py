@@ -10,6 +10,9 @@ embedding, loss, random, reduction, pointwise, view, multi-output, other.
 from __future__ import annotations
 
 import operator
+import re
+from collections import defaultdict
+from collections.abc import Iterable
 
 import torch
 import torch.fx as fx
@@ -124,6 +127,31 @@ def node_category(node: fx.Node) -> str:
     if adapter.is_collective(node):
         return "collective"
     return op_category(node.target)
+
+
+def indexed_module(node: fx.Node) -> tuple[str, str] | None:
+    """(path, type) of the outermost module with an index that ran ``node`` (dynamo records
+    each forward node's module stack, outermost first): ``L['self'].model.layers.3.mlp`` gives
+    ``("model.layers.3", <its class>)``; None where no indexed module ran it."""
+    for path, *kind in (node.meta.get("nn_module_stack") or {}).values():
+        names = [name for name in re.findall(r"[A-Za-z_][A-Za-z0-9_]*|\d+", str(path))
+                 if name not in ("L", "self", "_modules")]
+        index = next((i for i, name in enumerate(names) if name.isdigit()), None)
+        if index is not None:
+            return ".".join(names[:index + 1]), str(kind[0]) if kind else ""
+    return None
+
+
+def repeated_blocks(nodes: Iterable[fx.Node]) -> dict[fx.Node, str]:
+    """The repeated block of each node that ran in one: an indexed module (a layer of a
+    ``ModuleList`` or ``Sequential``) with a sibling of its class in the same list. A stem of
+    distinct layers (conv, norm, activation) is no block; the embedding and the loss are in none."""
+    found = {node: indexed_module(node) for node in nodes}
+    classes = defaultdict(set)
+    for path, kind in filter(None, found.values()):
+        classes[(path.rsplit(".", 1)[0], kind)].add(path)
+    return {node: module[0] for node, module in found.items()
+            if module is not None and len(classes[(module[0].rsplit(".", 1)[0], module[1])]) > 1}
 
 
 def classify(graph: fx.Graph) -> None:

@@ -27,7 +27,7 @@ name through ``get``.
 True
 """
 
-from .baselines import greedy, recompute_all, save_matmuls, store_all
+from .baselines import checkpoint_blocks, greedy, recompute_all, save_matmuls, store_all
 from .errors import Infeasible, InvalidPlan, NoPlanFound, SolverUnavailable
 from .ilp import ILPConfig, min_peak, solve_ilp
 from .problem import Kind, Problem, Value
@@ -51,6 +51,7 @@ __all__ = [
     "available",
     "canonical",
     "check_plan",
+    "checkpoint_blocks",
     "closure",
     "evaluate",
     "get",

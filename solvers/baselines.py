@@ -74,6 +74,39 @@ def save_matmuls(problem: Problem) -> Solution:
     return _timed(evaluate(problem, saved, solver="save-matmuls"), start)
 
 
+def checkpoint_blocks(problem: Problem) -> Solution:
+    """Checkpoint per block in the model (``torch.utils.checkpoint`` around each of the model's
+    repeated blocks): keep what the rest of the graph computes, as autograd would, and each
+    block's outputs that another block or the rest reads (the next block's checkpointed input);
+    recompute everything else inside the blocks. Without blocks (``Value.block``) it is store-all."""
+    start = time.perf_counter()
+    otherwise = _keep_only_what_cannot_be_recomputed(problem)
+    outputs = block_outputs(problem)
+    saved = _walk_saved(problem, lambda v: (v.savable and (not v.block or v.name in outputs)) or otherwise(v))
+    return _timed(evaluate(problem, saved, solver="checkpoint-blocks"), start)
+
+
+def block_outputs(problem: Problem) -> frozenset[str]:
+    """Values of a block that a value outside it reads; a view stands for its base's storage."""
+    by_name = problem.by_name()
+    crossing = set()
+    for value in problem.values:
+        for name in value.operands:
+            while name in by_name and not by_name[name].savable and by_name[name].operands:
+                name = by_name[name].operands[0]
+            operand = by_name.get(name)
+            if operand is not None and operand.block and operand.block != value.block:
+                crossing.add(name)
+    return frozenset(crossing)
+
+
+def cheap_plans(problem: Problem, budget: int) -> list[Solution]:
+    """Plans made without an ILP: store-all, greedy toward ``budget``, recompute-all, and the
+    peers' rules in the model (checkpoint per block, save matmuls)."""
+    return [store_all(problem), greedy(problem, budget), recompute_all(problem), checkpoint_blocks(problem),
+            save_matmuls(problem)]
+
+
 def _walk_saved(problem: Problem, keep: Callable[[Value], bool]) -> frozenset[str]:
     """Walk back from what the backward reads: kept values stop the walk,
     recomputed ones continue into their operands."""

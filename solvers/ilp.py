@@ -19,7 +19,7 @@ from typing import Literal
 import pulp
 
 from .backends import Outcome, run_backend
-from .baselines import greedy, recompute_all, store_all
+from .baselines import cheap_plans, store_all
 from .errors import Infeasible, InvalidPlan, NoPlanFound
 from .model import (
     Interval,
@@ -337,13 +337,13 @@ def _check_fixed_fits(problem: Problem, budget_bytes: int | None) -> None:
 
 def _seed(problem: Problem, budget_bytes: int | None, objective: Objective, model: Model,
           config: ILPConfig, seeds: Sequence[Solution] = ()) -> Solution | None:
-    """A cheap valid plan: store-all if it fits; else the best that fits of
-    greedy, recompute-all and the relaxation's roundings (for "peak", the
-    lowest). Raises InvalidPlan if none is valid."""
-    plans = [store_all(problem)]
-    if objective == "time" and _fits(plans[0], budget_bytes):
-        return plans[0]
-    plans += [greedy(problem, 0 if budget_bytes is None else budget_bytes), recompute_all(problem)]
+    """A cheap valid plan: store-all if it fits; else the best that fits of the other
+    cheap plans (greedy, recompute-all, the peers' rules) and the relaxation's roundings
+    (for "peak", the lowest). Raises InvalidPlan if none is valid."""
+    kept_all = store_all(problem)
+    if objective == "time" and _fits(kept_all, budget_bytes):
+        return kept_all
+    plans = cheap_plans(problem, 0 if budget_bytes is None else budget_bytes)
     plans += rounded_plans(model, problem, config) + list(seeds)
     if objective == "peak":
         return min(plans, key=lambda p: (p.peak_bytes, p.added_seconds))

@@ -23,7 +23,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
-from .baselines import greedy, recompute_all, store_all
+from .baselines import cheap_plans, store_all
 from .errors import GIB, BudgetError, Infeasible, InvalidPlan, PlanError, format_bytes
 from .ilp import ILPConfig, min_peak
 from .model import rank_extra_bytes
@@ -237,11 +237,6 @@ def solve_or_fall_back(problem: Problem, cap: int, request: Request, lowest: Low
     plan = min(fits, key=lambda s: s.added_seconds)
     log.warning("remat: %s; using the %s plan", reason, plan.solver)
     return replace(plan, status=Status.FALLBACK, notes=(*plan.notes, f"{reason}; used the {plan.solver} plan"))
-
-
-def cheap_plans(problem: Problem, budget: int) -> list[Solution]:
-    """Plans made without an ILP: store-all, greedy toward ``budget``, recompute-all."""
-    return [store_all(problem), greedy(problem, budget), recompute_all(problem)]
 
 
 # --- another partitioner's plan in remat's model -------------------------------

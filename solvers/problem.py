@@ -56,6 +56,9 @@ class Value:
       builder imposes none: recompute starts are exact).
     - ``category``: what kind of op made it (matmul, attention, pointwise, view, random,
       ...; the FX passes' one classification, ``remat.passes.taxonomy``), for reports.
+    - ``block``: FORWARD only, the repeated block of the model that computed it (the module
+      path up to its index in a list of layers, e.g. ``"blocks.3"``); "" outside any block.
+      Checkpoint-per-block in the model (``baselines.checkpoint_blocks``) reads it.
     - ``recompute_ban``: why it may not be recomputed (random op, collective,
       mutation, ...), ``None`` when it may.
     - ``savable``: whether it may be kept (views are never kept: their base is).
@@ -92,6 +95,7 @@ class Value:
     fused_in_forward: bool = False
     save_seconds: float = 0.0
     category: str = ""
+    block: str = ""
 
     @property
     def fixed_bytes(self) -> int:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from .backends import backend_available
-from .baselines import greedy, recompute_all, save_matmuls, store_all
+from .baselines import checkpoint_blocks, greedy, recompute_all, save_matmuls, store_all
 from .errors import SolverUnavailable
 from .ilp import ILPConfig, solve_ilp
 from .problem import Problem
@@ -127,3 +127,4 @@ register(Baseline("store-all", lambda problem, _budget: store_all(problem)))
 register(Baseline("recompute-all", lambda problem, _budget: recompute_all(problem)))
 register(Baseline("greedy", greedy))
 register(Baseline("save-matmuls", lambda problem, _budget: save_matmuls(problem)))
+register(Baseline("checkpoint-blocks", lambda problem, _budget: checkpoint_blocks(problem)))

@@ -23,7 +23,8 @@ class Node:
 
     A forward ``view`` aliases its single read: no bytes, never kept. An
     ``output`` forward node is held by the caller through the backward; a
-    ``grad`` backward node is a produced gradient, alive to the end.
+    ``grad`` backward node is a produced gradient, alive to the end. ``block``
+    names the repeated block a forward node belongs to ("" for none).
     """
 
     name: str
@@ -35,6 +36,7 @@ class Node:
     save_seconds: float = 0.0
     output: bool = False
     grad: bool = False
+    block: str = ""
 
 
 def build_problem(
@@ -60,7 +62,7 @@ def build_problem(
                 direct_start=min(bwd_reads[node.name], default=None),
                 operands=tuple(r for r in node.reads if r in fwd_step),
                 recompute_ban=node.ban, savable=not node.view,
-                recompute_seconds=node.recompute_seconds, save_seconds=node.save_seconds,
+                recompute_seconds=node.recompute_seconds, save_seconds=node.save_seconds, block=node.block,
             )
         )
     values += _backward_values(backward, num_forward, num_steps)

@@ -1,4 +1,4 @@
-"""store-all, recompute-all, greedy: exact answers and invariants."""
+"""store-all, recompute-all, greedy, the peers' rules: exact answers and invariants."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from remat.solvers import InvalidPlan, Problem, Status, check_plan, greedy, recompute_all, store_all
+from remat.solvers import (InvalidPlan, Problem, Status, check_plan, checkpoint_blocks, greedy, recompute_all,
+                           store_all)
 from remat.solvers.testing import Node, build_problem, random_problem
 
 
@@ -35,6 +36,34 @@ def test_recompute_all_rejects_a_banned_view() -> None:
         recompute_all(problem)
 
 
+def two_blocks(*, view_output: bool = False, blocks: tuple[str, str] = ("layers.0", "layers.1")) -> Problem:
+    """x -> [a -> b] -> [c -> d] -> loss; block 0's output is ``b`` (or its view ``bv``)."""
+    out = "bv" if view_output else "b"
+    forward = [Node("a", 10, ("x",), block=blocks[0]), Node("b", 20, ("a",), block=blocks[0]),
+               *([Node("bv", reads=("b",), view=True, block=blocks[1])] if view_output else []),
+               Node("c", 30, (out,), block=blocks[1]), Node("d", 40, ("c",), block=blocks[1]),
+               Node("loss", 1, ("d",), output=True)]
+    backward = [Node("gd", 40, ("loss", "d")), Node("gc", 30, ("gd", "c")), Node("gb", 20, ("gc", out)),
+                Node("ga", 10, ("gb", "a")), Node("gx", 1, ("ga",), grad=True)]
+    return build_problem([("x", 5)], forward, backward)
+
+
+def test_checkpoint_blocks_keeps_each_blocks_output_and_recomputes_its_inside() -> None:
+    plan = checkpoint_blocks(two_blocks())
+    assert (plan.saved, plan.recomputed, plan.solver) == ({"b", "d", "loss"}, {"a", "c"}, "checkpoint-blocks")
+    assert plan.peak_bytes < store_all(two_blocks()).peak_bytes
+
+
+def test_checkpoint_blocks_keeps_the_base_of_a_view_that_crosses_blocks() -> None:
+    plan = checkpoint_blocks(two_blocks(view_output=True))
+    assert (plan.saved, plan.recomputed) == ({"b", "d", "loss"}, {"a", "bv", "c"})
+
+
+def test_checkpoint_blocks_without_blocks_is_store_all() -> None:
+    problem = two_blocks(blocks=("", ""))
+    assert checkpoint_blocks(problem).saved == store_all(problem).saved
+
+
 def test_greedy_recomputes_the_cheap_value_first(branch: Problem) -> None:
     plan = greedy(branch, 350)
     assert (plan.saved, plan.recomputed, plan.peak_bytes) == ({"a"}, {"b"}, 320)
@@ -51,7 +80,7 @@ def test_greedy_notes_a_budget_it_cannot_reach(branch: Problem) -> None:
 def test_baselines_are_valid_and_greedy_never_raises_the_peak(seed: int) -> None:
     problem = random_problem(seed, 30, 30)
     keep_all = store_all(problem)
-    for plan in (keep_all, recompute_all(problem), greedy(problem, 0)):
+    for plan in (keep_all, recompute_all(problem), greedy(problem, 0), checkpoint_blocks(problem)):
         check_plan(problem, plan.saved, plan.recomputed)
         assert plan.peak_bytes == max(plan.timeline)
     assert greedy(problem, 0).peak_bytes <= keep_all.peak_bytes
