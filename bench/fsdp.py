@@ -55,19 +55,32 @@ def sharded(base: torch.nn.Module, compile_block: Any, wrap: bool = False) -> to
     return model
 
 
-def run(model: torch.nn.Module, inputs: tuple) -> dict[str, Any]:
-    """3 steps (after a first one that compiles): the larger measured peak, the median step time."""
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a parameter or gradient (the tensor itself when not sharded)."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def step_peaks(model: torch.nn.Module, inputs: tuple) -> tuple[int, list[float]]:
+    """The rank's measured step peak over ``STEPS`` steps and each step's seconds: the CPU profiler's
+    peak above what was allocated before the step (gradients set to None first), the largest of
+    the steps, plus the local shards held then."""
     from remat.measure import cpu_step_peak
 
-    model(*inputs).backward()
-    shards = sum((p.to_local() if hasattr(p, "to_local") else p).untyped_storage().nbytes() for p in model.parameters())
+    shards = sum(local(p).untyped_storage().nbytes() for p in model.parameters())
     peaks, times = [], []
     for _ in range(STEPS):
         model.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
         peaks.append(cpu_step_peak(lambda: model(*inputs).backward()))
         times.append(time.perf_counter() - t0)
-    return {"peak_bytes": max(peaks) + shards, "step_s": statistics.median(times)}
+    return max(peaks) + shards, times
+
+
+def run(model: torch.nn.Module, inputs: tuple) -> dict[str, Any]:
+    """3 steps (after a first one that compiles): the larger measured peak, the median step time."""
+    model(*inputs).backward()
+    peak, times = step_peaks(model, inputs)
+    return {"peak_bytes": peak, "step_s": statistics.median(times)}
 
 
 def rank_main(rank: int, port: int, out: pathlib.Path, compiler: str) -> None:

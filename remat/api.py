@@ -51,11 +51,7 @@ def compile(model: F, budget_gb: float | None = None, *, solver: str = "ilp", ti
 
 def is_fully_sharded(model: object) -> bool:
     """Whether ``model`` or one of its submodules was wrapped by FSDP2's ``fully_shard``."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # a torch built without distributed
-        return False
-    return isinstance(model, torch.nn.Module) and any(isinstance(m, FSDPModule) for m in model.modules())
+    return isinstance(model, torch.nn.Module) and any(adapter.is_fsdp2_module(m) for m in model.modules())
 
 
 def raising_budget_errors(fn: Callable[..., Any]) -> Callable[..., Any]:

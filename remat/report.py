@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from remat import solvers
-from remat.solvers.model import rank_extra_bytes
+from remat.solvers.model import copies_kept_bytes as kept_by_copies
 from remat.solvers.plan import min_budget_bytes
 from remat.solvers.problem import Kind, Problem, Value
 from remat.solvers.solution import Solution
@@ -267,7 +267,7 @@ def scope_fields(scope: Any, problem: Problem, solution: Solution) -> dict[str, 
     """The per-rank budget's part of a Report (``remat.passes.rank_scope``), or nothing."""
     if scope is None:
         return {}
-    copies = rank_extra_bytes(problem, solution.saved) - problem.outside_bytes + scope.copy_input_bytes
+    copies = kept_by_copies(problem, solution.saved) + scope.copy_input_bytes
     return {"budget_scope": "rank", "resident_bytes": scope.resident_bytes, "comm_bytes": scope.comm_bytes,
             "kept_copies": scope.copies, "copies_kept_bytes": copies}
 

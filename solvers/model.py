@@ -151,11 +151,16 @@ def copies_bytes(problem: Problem, value: Value) -> int:
     return problem.kept_copies * value.bytes
 
 
+def copies_kept_bytes(problem: Problem, saved: Iterable[str]) -> int:
+    """What the other copies of the graph hold of a plan that keeps ``saved``, at every step."""
+    by_name = problem.by_name()
+    return sum(copies_bytes(problem, by_name[name]) for name in saved)
+
+
 def rank_extra_bytes(problem: Problem, saved: Iterable[str]) -> int:
     """What a plan's per-rank peak adds to its graph's own: ``outside_bytes`` and the other
     copies' kept values (both alive at every step)."""
-    by_name = problem.by_name()
-    return problem.outside_bytes + sum(copies_bytes(problem, by_name[name]) for name in saved)
+    return problem.outside_bytes + copies_kept_bytes(problem, saved)
 
 
 def running_sum(diff: Iterable[int]) -> list[int]:

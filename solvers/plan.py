@@ -26,7 +26,7 @@ from typing import Generic, TypeVar
 from .baselines import cheap_plans, store_all
 from .errors import GIB, BudgetError, Infeasible, InvalidPlan, PlanError, format_bytes
 from .ilp import ILPConfig, min_peak
-from .model import rank_extra_bytes
+from .model import copies_kept_bytes
 from .problem import Kind, Problem, Value
 from .registry import available, get
 from .simulate import added_seconds, alive_at, closure, evaluate
@@ -291,7 +291,7 @@ def breakdown_at_peak(problem: Problem, solution: Solution) -> dict[str, int]:
         parts[category(value, why, step)] += nbytes
     parts["op workspace"] += problem.workspace_at(step)
     parts["the rank's memory outside this graph (shards, communication buffers)"] += problem.outside_bytes
-    parts["other copies' kept activations"] += rank_extra_bytes(problem, solution.saved) - problem.outside_bytes
+    parts["other copies' kept activations"] += copies_kept_bytes(problem, solution.saved)
     return dict(sorted(((k, b) for k, b in parts.items() if b), key=lambda kv: -kv[1]))
 
 

@@ -25,9 +25,9 @@ from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from bench import fsdp as fsdp_bench
 import remat
 from remat.errors import GIB
-from remat.measure import cpu_step_peak
 from remat.passes import partition, profile
 from tests.conftest import build
 
@@ -174,12 +174,8 @@ def ddp_tiny_buckets() -> dict[str, Any]:
     return error_of(lambda: remat.compile(wrapped, compiler="eager")(*inputs).backward())
 
 
-def local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
 def grads_match(model: torch.nn.Module, reference: torch.nn.Module) -> bool:
-    return all(torch.allclose(local(p.grad), local(q.grad), rtol=1e-4, atol=1e-5)
+    return all(torch.allclose(fsdp_bench.local(p.grad), fsdp_bench.local(q.grad), rtol=1e-4, atol=1e-5)
                for p, q in zip(model.parameters(), reference.parameters(), strict=True))
 
 
@@ -254,24 +250,7 @@ def inductor() -> dict[str, Any]:
 
 def sharded_blocks(base: torch.nn.Module, options: dict[str, Any]) -> torch.nn.Module:
     """A copy of ``base`` with each block compiled with backend="remat" and sharded, then the root."""
-    torch._dynamo.reset()
-    model = copy.deepcopy(base)
-    for block in model.blocks:
-        block.compile(backend="remat", options=options)
-        fully_shard(block)
-    fully_shard(model)
-    return model
-
-
-def rank_peak(model: torch.nn.Module, inputs: tuple) -> int:
-    """The rank's measured step peak, max over 3 steps: the CPU profiler's peak above what was
-    allocated before the step (gradients set to None first), plus the local shards held then."""
-    shards = sum(local(p).untyped_storage().nbytes() for p in model.parameters())
-    peaks = []
-    for _ in range(3):
-        model.zero_grad(set_to_none=True)
-        peaks.append(cpu_step_peak(lambda: model(*inputs).backward()))
-    return max(peaks) + shards
+    return fsdp_bench.sharded(base, lambda block: block.compile(backend="remat", options=options))
 
 
 def fsdp_rank_budget() -> dict[str, Any]:
@@ -291,7 +270,7 @@ def fsdp_rank_budget() -> dict[str, Any]:
         model = sharded_blocks(base, {"compiler": "eager", "budget_gb": budget[0] / GIB, "budget_scope": scope})
         model(*inputs).backward()
         report = remat.reports()[before]
-        result[scope] = {**decision(report), "measured": rank_peak(model, inputs),
+        result[scope] = {**decision(report), "measured": fsdp_bench.step_peaks(model, inputs)[0],
                          "predicted": report.predicted_peak_bytes, "budget_scope": report.budget_scope,
                          "kept_copies": report.kept_copies, "resident_bytes": report.resident_bytes,
                          "comm_bytes": report.comm_bytes, "graphs": len(remat.reports()) - before}

@@ -10,21 +10,16 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 
 import pytest
 
+from bench.fsdp import free_port
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 WORLD = 2
 LAUNCH_TIMEOUT_S = 600
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
