@@ -180,6 +180,11 @@ def remat_row(row: Row, model: nn.Module, inputs: tuple, setup: Setup) -> Row:
                          compile_attempts=max(r.compile_attempts for r in reps), graphs=len(reps), profile_s=round(sum(r.profile_seconds for r in reps), 3),
                          min_cut_seconds=round(sum(r.min_cut_seconds for r in reps), 3),
                          joint_graph_steps=sum(r.joint_graph_steps for r in reps))
+        if len(reps) == 1:  # the peers' plans in remat's model, beside remat's own (one graph)
+            rep = reps[0]
+            rules = {**(rep.peer_rules or {}), "torch-min-cut": {"peak_bytes": rep.min_cut_peak_bytes,
+                                                                  "overhead_seconds": rep.min_cut_overhead_seconds}}
+            row.extra.update(predicted_overhead_ms=rep.predicted_overhead_seconds * 1e3, peer_rules=rules)
         return row
 
     return guarded(row, setup, go)
@@ -220,6 +225,7 @@ def copy_measurement(row: Row, twin: Row) -> None:
                  "solve_seconds", "mip_gap", "min_feasible_bytes"):
         setattr(row, name, getattr(twin, name))
     row.shared_with = twin.policy
+    row.extra.update({k: twin.extra[k] for k in ("predicted_overhead_ms", "peer_rules") if k in twin.extra})
     if twin.budget_bytes is None:
         row.extra["note"] = "budget at or above remat's store-all peak: the no-budget plan"
 

@@ -50,8 +50,14 @@ def table(rows: list[Row]) -> str:
     return head + body
 
 
+# The peers whose rule remat's model states (Report.peer_rules, and torch's min-cut plan).
+RULE_OF_PEER = {"eager checkpoint per block": "checkpoint-blocks", "compile checkpoint per block": "checkpoint-blocks",
+                "compile selective checkpoint (save matmuls)": "save-matmuls", "compile default": "torch-min-cut"}
+
+
 def matched(rows: list[Row]) -> list[dict[str, Any]]:
-    """Per peer: remat at that peer's measured peak, and remat's time and peak as ratios of the peer's."""
+    """Per peer: remat at that peer's measured peak, and remat's time and peak as ratios of the peer's;
+    where remat's model states the peer's rule, both plans' predicted added time in that model."""
     out = []
     for peer in ok(rows, "peer"):
         twin = next((r for r in rows if r.get("matched_peer") == peer["policy"]), None)
@@ -61,23 +67,38 @@ def matched(rows: list[Row]) -> list[dict[str, Any]]:
             entry.update(remat_peak_bytes=twin["peak_bytes"], remat_step_ms=twin["step_ms"],
                          time_ratio=round(twin["step_ms"] / peer["step_ms"], 3),
                          peak_ratio=round(twin["peak_bytes"] / peer["peak_bytes"], 3))
+            entry.update(model_comparison(peer, twin))
         out.append(entry)
     return out
+
+
+def model_comparison(peer: Row, twin: Row) -> dict[str, Any]:
+    """remat's predicted added ms at the peer's peak beside the peer's rule in remat's model, and
+    whether that rule's predicted peak fits the same budget (then remat's is never slower)."""
+    rule = (twin.get("extra", {}).get("peer_rules") or {}).get(RULE_OF_PEER.get(peer["policy"], ""))
+    if not rule or rule.get("peak_bytes") is None or rule.get("overhead_seconds") is None:
+        return {}
+    return {"remat_model_ms": round(twin["extra"]["predicted_overhead_ms"], 3),
+            "rule_model_ms": round(rule["overhead_seconds"] * 1e3, 3),
+            "rule_fits": rule["peak_bytes"] <= twin["budget_bytes"]}
 
 
 def matched_table(rows: list[Row]) -> str:
     name, size = unit(rows)
     head = (f"| peer | peer peak {name} | peer ms | remat peak {name} | remat ms | remat time / peer "
-            "| remat peak / peer |\n|---|---|---|---|---|---|---|\n")
+            "| remat peak / peer | predicted added ms in remat's model: remat, the peer's rule (fits?) |\n"
+            "|---|---|---|---|---|---|---|---|\n")
     body = ""
     for m in matched(rows):
         if "time_ratio" not in m:
             body += (f"| {m['peer']} | {m['peer_peak_bytes'] / size:.3f} | {m['peer_step_ms']:.2f} "
-                     f"| {m['remat_status']} | | | |\n")
+                     f"| {m['remat_status']} | | | | |\n")
             continue
+        model = (f"{m['remat_model_ms']:.3f}, {m['rule_model_ms']:.3f} ({'fits' if m['rule_fits'] else 'over'})"
+                 if "rule_model_ms" in m else "")
         body += (f"| {m['peer']} | {m['peer_peak_bytes'] / size:.3f} | {m['peer_step_ms']:.2f} "
                  f"| {m['remat_peak_bytes'] / size:.3f} | {m['remat_step_ms']:.2f} | {m['time_ratio']:.3f} "
-                 f"| {m['peak_ratio']:.3f} |\n")
+                 f"| {m['peak_ratio']:.3f} | {model} |\n")
     return head + body
 
 
@@ -136,6 +157,13 @@ def targets(model: str, rows: list[Row], *, sdpa: bool) -> list[dict[str, Any]]:
             value = "no rows"
         out.append({"target": "0.45x compile default's peak at <= 10 % overhead", "value": value,
                     "met": bool(best) and best["step_ms"] <= 1.10 * base["step_ms"]})
+    modelled = [m for m in matched(rows) if m.get("rule_fits")]
+    if modelled:
+        slower = [m["peer"] for m in modelled if m["remat_model_ms"] > m["rule_model_ms"] + 1e-9]
+        out.append({"target": "at each peer's peak, remat predicted no slower than the peer's rule in remat's model "
+                              "(where that rule fits)", "met": not slower,
+                    "value": f"{len(modelled) - len(slower)}/{len(modelled)} no slower"
+                             + (f"; slower: {slower}" if slower else "")})
     budgeted = [r for r in ok(rows, "remat") if r["budget_bytes"]]
     over = [r["policy"] for r in budgeted if not r["within_budget"]]
     out.append({"target": "measured peak never over budget", "met": not over,

@@ -20,7 +20,7 @@ import torch.fx as fx
 
 from remat.solvers.baselines import store_all
 from remat.solvers.errors import BudgetError, PlanError, format_bytes
-from remat.solvers.plan import Lowest, Once, lowest_of, min_budget_bytes, peer_plan, score_peer, solve
+from remat.solvers.plan import Lowest, Once, lowest_of, min_budget_bytes, peer_plan, peer_rules, score_peer, solve
 from remat.solvers.problem import Problem
 from remat.solvers.simulate import evaluate
 from remat.solvers.solution import Solution, Status
@@ -103,6 +103,7 @@ class GraphPlan:
 
 MIN_FEASIBLE = ("min_feasible_bytes", "min_feasible_exact", "min_feasible_solve_seconds")
 MIN_CUT = ("min_cut_peak_bytes", "min_cut_overhead_seconds", "min_cut_seconds")
+PEER_RULES = ("peer_rules",)
 
 
 def min_feasible_figures(lowest: Solution, request: PlanRequest) -> dict[str, object]:
@@ -330,13 +331,15 @@ class Planner:
         return plan
 
     def defer_figures(self, plan: GraphPlan, min_cut: MinCut) -> None:
-        """The smallest feasible budget and torch's min-cut plan, computed when first read
-        (those not already known, for a plan from the cache)."""
+        """The smallest feasible budget, torch's min-cut plan and the peers' rules in the model,
+        computed when first read (those not already known, for a plan from the cache)."""
         known = set(plan.figures)
         if not set(MIN_FEASIBLE) <= known:
             defer_min_feasible(plan)
         if not set(MIN_CUT) <= known:
             plan.defer(Once(lambda: min_cut_figures(plan.problem, min_cut)), *MIN_CUT)
+        if not set(PEER_RULES) <= known:
+            plan.defer(Once(lambda: {"peer_rules": peer_rules(plan.problem)}), *PEER_RULES)
 
     def remember_compiled(self, plan: GraphPlan) -> None:
         """Store ``plan`` again with its compiled program's peak, once that program fitted."""

@@ -15,7 +15,7 @@ from dataclasses import asdict, fields
 from typing import TYPE_CHECKING, Any
 
 from .errors import format_bytes
-from .report import NodeRow, Report
+from .report import RULE_LABELS, NodeRow, Report
 
 if TYPE_CHECKING:
     from .frontier import Frontier
@@ -139,6 +139,9 @@ def cost_rows(report: Report) -> list[tuple[str, str]]:
     out = [("added time (predicted)", f"{report.predicted_overhead_seconds * 1e3:+.3f} ms vs keeping everything")]
     if report.min_cut_overhead_seconds is not None:
         out.append(("torch min-cut added time", f"{report.min_cut_overhead_seconds * 1e3:+.3f} ms"))
+    for name, rule in (report.peer_rules or {}).items():
+        out.append((f"{RULE_LABELS.get(name, name)} in the model", f"{format_bytes(rule['peak_bytes'])}, "
+                                                                    f"{rule['overhead_seconds'] * 1e3:+.3f} ms"))
     gap = "n/a" if report.mip_gap is None else f"{report.mip_gap:.2%}"
     out += [("solver", f"{report.solver}: {report.solver_status}, gap {gap}, {report.solve_seconds:.2f} s"),
             ("profiling", f"{report.profile_seconds:.2f} s, {report.joint_graph_steps} steps, "

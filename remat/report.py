@@ -22,6 +22,8 @@ from .lazy import Deferred, Deferring
 
 # Timelines stored in a Report keep at most this many points (bucket maxima).
 MAX_TIMELINE_POINTS = 2000
+# How a summary names the peers' rules scored in the model (Report.peer_rules).
+RULE_LABELS = {"checkpoint-blocks": "checkpoint per block", "save-matmuls": "save matmuls"}
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,10 @@ class Report(Deferring):
     min_feasible_exact: bool = Deferred(False)
     min_cut_peak_bytes: int | None = Deferred(None)
     min_cut_overhead_seconds: float | None = Deferred(None)
+    # the peers' own rules as plans of remat's model ("checkpoint-blocks", "save-matmuls"), each
+    # {"peak_bytes", "overhead_seconds"}: what checkpointing every block or saving only matmuls
+    # would peak at and add under the same model as this plan
+    peer_rules: dict[str, dict[str, float]] | None = Deferred(None)
     realized_peak_bytes: int | None = None
     measured_peak_bytes: int | None = None
     profile_seconds: float = 0.0
@@ -205,6 +211,9 @@ class Report(Deferring):
                             f"(Inductor's, {self.compile_attempts} plan(s) compiled)")
         if self.min_cut_peak_bytes is not None:
             lines.append(f"torch min-cut peak     {gib(self.min_cut_peak_bytes)}")
+        for name, rule in (self.peer_rules or {}).items():
+            lines.append(f"{RULE_LABELS.get(name, name):<23}{gib(rule['peak_bytes'])}, "
+                         f"{rule['overhead_seconds'] * 1e3:+.3f} ms (its rule in remat's model)")
         if self.measured_peak_bytes is not None:
             lines.append(f"measured peak          {gib(self.measured_peak_bytes)}")
         if self.budget_scope == "rank":

@@ -23,7 +23,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
-from .baselines import cheap_plans, store_all
+from .baselines import cheap_plans, checkpoint_blocks, save_matmuls, store_all
 from .errors import GIB, BudgetError, Infeasible, InvalidPlan, PlanError, format_bytes
 from .ilp import ILPConfig, min_peak
 from .model import copies_kept_bytes
@@ -276,6 +276,22 @@ def score_peer(problem: Problem, saved: Collection[str], solver: str) -> tuple[i
     seconds = added_seconds(problem, kept, closure(problem, kept)) - store_all(problem).added_seconds
     plan = peer_plan(problem, saved, solver)
     return (None if plan is None else plan.peak_bytes), seconds
+
+
+def peer_rules(problem: Problem) -> dict[str, dict[str, float]]:
+    """The peers' own rules as plans of the model, by name: checkpoint per block (where the graph
+    has blocks) and save matmuls, each with its peak and added seconds over store-all. A rule the
+    graph cannot follow (a view that can be neither kept nor recomputed) is left out."""
+    base = store_all(problem).added_seconds
+    rules = [save_matmuls] if not any(v.block for v in problem.values) else [checkpoint_blocks, save_matmuls]
+    out = {}
+    for rule in rules:
+        try:
+            plan = rule(problem)
+        except InvalidPlan:
+            continue
+        out[plan.solver] = {"peak_bytes": plan.peak_bytes, "overhead_seconds": plan.added_seconds - base}
+    return out
 
 
 # --- the smallest feasible budget, and the error below it ----------------------

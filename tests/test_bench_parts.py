@@ -65,6 +65,28 @@ def test_targets_and_summary_from_rows() -> None:
     assert "compile default 0.95x" in line and "compile checkpoint per block 0.87x" in line
 
 
+def test_matched_rows_compare_remat_with_the_peers_rule_in_the_model() -> None:
+    rules = {"checkpoint-blocks": {"peak_bytes": 48, "overhead_seconds": 0.004},
+             "torch-min-cut": {"peak_bytes": 120, "overhead_seconds": 0.0}}
+    rows = [
+        _row("compile default", "peer", 100, 10.0),
+        _row("compile checkpoint per block", "peer", 50, 12.0),
+        _row("remat at compile default peak", "remat-matched", 99, 9.5, budget_bytes=100,
+             matched_peer="compile default", extra={"peer_rules": rules, "predicted_overhead_ms": 1.0}),
+        _row("remat at compile checkpoint per block peak", "remat-matched", 49, 10.4, budget_bytes=50,
+             matched_peer="compile checkpoint per block", extra={"peer_rules": rules, "predicted_overhead_ms": 3.0}),
+    ]
+    default, block = render.matched(rows)
+    assert (default["remat_model_ms"], default["rule_model_ms"], default["rule_fits"]) == (1.0, 0.0, False)
+    assert (block["remat_model_ms"], block["rule_model_ms"], block["rule_fits"]) == (3.0, 4.0, True)
+    assert "3.000, 4.000 (fits)" in render.matched_table(rows) and "1.000, 0.000 (over)" in render.matched_table(rows)
+    check = next(c for c in render.targets("gpt", rows, sdpa=False) if "rule in remat's model" in c["target"])
+    assert check["met"] and check["value"] == "1/1 no slower"  # min-cut's plan peaks over its budget: not counted
+    rows[3]["extra"]["predicted_overhead_ms"] = 5.0
+    check = next(c for c in render.targets("gpt", rows, sdpa=False) if "rule in remat's model" in c["target"])
+    assert not check["met"] and "compile checkpoint per block" in check["value"]
+
+
 def test_monotone_flags_a_higher_peak_at_a_lower_budget() -> None:
     rows = [_row("a", "remat-sweep", 60, 1.0, budget_bytes=60), _row("b", "remat-sweep", 55, 1.0, budget_bytes=70)]
     ok, bad = render.monotone(rows)

@@ -64,11 +64,12 @@ def test_an_unbinding_plan_solves_no_smallest_peak_until_it_is_read(gpt, store_a
     budget_gb = {"none": None, "inf": float("inf"), "twice store-all": 2 * store_all_gb}[budget]
     report = remat.plan(model, *inputs, compiler="eager", budget_gb=budget_gb)
     assert calls.count == {"solve": 0, "min_cut": 0, "compile": 0}
-    assert set(report.pending) == set(partition.MIN_FEASIBLE) | set(partition.MIN_CUT)
+    assert set(report.pending) == set(partition.MIN_FEASIBLE) | set(partition.MIN_CUT) | set(partition.PEER_RULES)
     low = report.min_feasible_bytes
     assert calls.count["solve"] == 1 and calls.count["min_cut"] == 0
     assert report.min_feasible_exact and report.min_feasible_bytes == low and calls.count["solve"] == 1
     assert report.min_cut_peak_bytes is not None and report.min_cut_overhead_seconds is not None
+    assert report.peer_rules  # scored by the simulator: no solve, no torch
     assert calls.count == {"solve": 1, "min_cut": 1, "compile": 0} and report.pending == []
 
 
@@ -85,6 +86,10 @@ def test_a_binding_budget_the_ilp_fits_asks_torch_once_and_the_smallest_peak_whe
     fits = report.min_cut_peak_bytes is not None and report.min_cut_peak_bytes <= report.budget_bytes
     assert not fits or report.predicted_overhead_seconds <= report.min_cut_overhead_seconds + 1e-12
     assert calls.count["min_cut"] == 1
+    assert set(report.peer_rules) == {"checkpoint-blocks", "save-matmuls"}
+    for rule in report.peer_rules.values():  # each rule that fits is a plan the solve had: never faster
+        fits = rule["peak_bytes"] <= report.budget_bytes
+        assert not fits or report.predicted_overhead_seconds <= rule["overhead_seconds"] + 1e-12
 
 
 def test_every_figure_is_in_the_dict(gpt) -> None:  # type: ignore[no-untyped-def]
@@ -92,6 +97,8 @@ def test_every_figure_is_in_the_dict(gpt) -> None:  # type: ignore[no-untyped-de
     report = remat.plan(model, *inputs, compiler="eager")
     data = json.loads(report.to_json())
     assert data["min_feasible_bytes"] > 0 and data["min_cut_peak_bytes"] > 0 and report.pending == []
+    assert data["peer_rules"]["checkpoint-blocks"]["peak_bytes"] < report.store_all_peak_bytes
+    assert "checkpoint per block" in report.summary() and "save matmuls" in report.summary()
 
 
 def test_a_sweep_solves_the_smallest_peak_once(gpt, calls: Calls) -> None:  # type: ignore[no-untyped-def]

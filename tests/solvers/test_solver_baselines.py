@@ -8,6 +8,7 @@ import pytest
 
 from remat.solvers import (InvalidPlan, Problem, Status, check_plan, checkpoint_blocks, greedy, recompute_all,
                            store_all)
+from remat.solvers.plan import peer_rules
 from remat.solvers.testing import Node, build_problem, random_problem
 
 
@@ -57,6 +58,16 @@ def test_checkpoint_blocks_keeps_each_blocks_output_and_recomputes_its_inside() 
 def test_checkpoint_blocks_keeps_the_base_of_a_view_that_crosses_blocks() -> None:
     plan = checkpoint_blocks(two_blocks(view_output=True))
     assert (plan.saved, plan.recomputed) == ({"b", "d", "loss"}, {"a", "bv", "c"})
+
+
+def test_peer_rules_score_each_rule_against_store_all() -> None:
+    problem = two_blocks()
+    base = store_all(problem).added_seconds
+    rules = peer_rules(problem)
+    assert rules["checkpoint-blocks"] == {"peak_bytes": checkpoint_blocks(problem).peak_bytes,
+                                          "overhead_seconds": checkpoint_blocks(problem).added_seconds - base}
+    assert set(rules) == {"checkpoint-blocks", "save-matmuls"}
+    assert set(peer_rules(two_blocks(blocks=("", "")))) == {"save-matmuls"}  # no blocks: no such rule
 
 
 def test_checkpoint_blocks_without_blocks_is_store_all() -> None:
