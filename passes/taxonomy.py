@@ -147,11 +147,11 @@ def repeated_blocks(nodes: Iterable[fx.Node]) -> dict[fx.Node, str]:
     ``ModuleList`` or ``Sequential``) with a sibling of its class in the same list. A stem of
     distinct layers (conv, norm, activation) is no block; the embedding and the loss are in none."""
     found = {node: indexed_module(node) for node in nodes}
-    classes = defaultdict(set)
+    siblings = defaultdict(set)  # (the list's path, class) -> the indexed modules in it
     for path, kind in filter(None, found.values()):
-        classes[(path.rsplit(".", 1)[0], kind)].add(path)
+        siblings[(path.rpartition(".")[0], kind)].add(path)
     return {node: module[0] for node, module in found.items()
-            if module is not None and len(classes[(module[0].rsplit(".", 1)[0], module[1])]) > 1}
+            if module is not None and len(siblings[(module[0].rpartition(".")[0], module[1])]) > 1}
 
 
 def classify(graph: fx.Graph) -> None:
