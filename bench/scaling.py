@@ -102,6 +102,23 @@ def plot(path: pathlib.Path, rows: list[dict], title: str) -> None:
     plt.close(fig)
 
 
+def write(out: pathlib.Path, rows: list[dict], args: argparse.Namespace) -> None:
+    """<date>-cpu-scaling.{json,md,png} for the depths measured so far."""
+    today = dt.date.today().isoformat()
+    meta = {"date": today, "device": "cpu", "torch": torch.__version__, "python": platform.python_version(),
+            "threads": torch.get_num_threads(), "size": SIZE, "compiler": args.compiler,
+            "command": "python -m bench.scaling " + " ".join(f"--layers {' '.join(map(str, args.layers))}".split())}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{today}-cpu-scaling.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    title = f"Solver scaling, {today}, CPU ({meta['threads']} threads), torch {meta['torch']}"
+    plot(out / f"{today}-cpu-scaling.png", rows, title)
+    done = "" if len(rows) == len(args.layers) else f" Measured so far: {len(rows)} of {len(args.layers)} depths."
+    (out / f"{today}-cpu-scaling.md").write_text(
+        f"# {title}\n\nCommand: `{meta['command']}`\n\nGPT-style, {json.dumps(SIZE)}; planned for "
+        f"{args.compiler}. Times are wall clock on a shared machine.{done}\n\n" + markdown(rows)
+        + "\n" + targets(rows) + f"\n![solver scaling]({today}-cpu-scaling.png)\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.scaling", description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, nargs="+", default=list(DEPTHS))
@@ -109,22 +126,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args(argv)
     rows = []
-    for layers in args.layers:
+    for layers in args.layers:  # the files are rewritten after each depth: a cut-short run keeps what it measured
         rows.append(plan_depth(layers, args.compiler))
         print(json.dumps(rows[-1]), flush=True)
-    today = dt.date.today().isoformat()
-    meta = {"date": today, "device": "cpu", "torch": torch.__version__, "python": platform.python_version(),
-            "threads": torch.get_num_threads(), "size": SIZE, "compiler": args.compiler,
-            "command": "python -m bench.scaling " + " ".join(f"--layers {' '.join(map(str, args.layers))}".split())}
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{today}-cpu-scaling.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    title = f"Solver scaling, {today}, CPU ({meta['threads']} threads), torch {meta['torch']}"
-    plot(out / f"{today}-cpu-scaling.png", rows, title)
-    (out / f"{today}-cpu-scaling.md").write_text(
-        f"# {title}\n\nCommand: `{meta['command']}`\n\nGPT-style, {json.dumps(SIZE)}; planned for "
-        f"{args.compiler}. Times are wall clock on a shared machine.\n\n" + markdown(rows)
-        + "\n" + targets(rows) + f"\n![solver scaling]({today}-cpu-scaling.png)\n")
+        write(pathlib.Path(args.out), rows, args)
     print(markdown(rows))
 
 

@@ -42,7 +42,7 @@ OFF = ("0", "off", "false", "no", "")
 
 # The solution's own facts a later compile reports as they were (the rest is recomputed
 # from the stored problem: peak, timeline, added time).
-SOLUTION_FACTS = ("solver", "status", "bound", "gap", "solve_seconds", "notes")
+SOLUTION_FACTS = ("solver", "status", "bound", "gap", "solve_seconds", "notes", "shared_blocks")
 
 
 @dataclass(frozen=True)

@@ -13,13 +13,14 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import pulp
 
 from .backends import Outcome, run_backend
 from .baselines import cheap_plans, store_all
+from .blocks import Ties, consistent, shared_decisions, tied_blocks
 from .errors import Infeasible, InvalidPlan, NoPlanFound
 from .model import (
     Interval,
@@ -31,10 +32,12 @@ from .model import (
     fixed_diff,
     keep_interval,
     need_interval,
+    op_workspace,
     recomputable,
     recompute_interval,
     running_sum,
     start_segments,
+    step_workspace,
     whole_run,
     workspace,
 )
@@ -57,7 +60,10 @@ class ILPConfig:
     """How to solve: backend "highs" (highspy) or "cbc" (bundled with PuLP).
 
     ``time_limit_s`` bounds the solver run; ``mip_gap`` is relative, and
-    OPTIMAL means proven within it.
+    OPTIMAL means proven within it. ``share_blocks``: 0, every value decides
+    for itself; ``k`` >= 1, the interior copies of identical repeated blocks
+    ``k`` places apart take one set of decisions (``blocks.py``), a smaller
+    program whose plans are a subset of the whole program's.
     """
 
     backend: str = "highs"
@@ -65,6 +71,7 @@ class ILPConfig:
     mip_gap: float = 1e-2
     threads: int | None = None
     msg: bool = False
+    share_blocks: int = 0
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,8 @@ class Model:
     P: pulp.LpVariable
     scales: Scales
     objective: Objective = "time"
+    ties: Ties = field(default_factory=dict)  # a copy's value -> its representative's (shared variables)
+    rows: set[tuple] = field(default_factory=set)  # operand rows already added (tied copies repeat them)
 
 
 def scales_for(problem: Problem, starts: dict[str, Starts]) -> Scales:
@@ -106,18 +115,23 @@ def scales_for(problem: Problem, starts: dict[str, Starts]) -> Scales:
 
 
 def add_variables(problem: Problem, budget_bytes: int | None, scales: Scales,
-                  starts: dict[str, Starts]) -> Model:
+                  starts: dict[str, Starts], ties: Ties | None = None) -> Model:
     """S_v / R_v binaries for candidates (omitted where forced to 0), the
     continuous L_v,k in [0, 1] (v recomputed and alive in its k-th segment
-    before its read), M_t, P."""
+    before its read), M_t, P. A tied value shares its representative's."""
     prob = pulp.LpProblem("remat", pulp.LpMinimize)
-    candidates = problem.candidates()
+    candidates, ties = problem.candidates(), ties or {}
     may_recompute = recomputable(problem)
-    S = {v.name: _binary(prob, f"S_{i}") for i, v in enumerate(candidates) if v.savable}
-    R = {v.name: _binary(prob, f"R_{i}") for i, v in enumerate(candidates) if v.name in may_recompute}
+    own = [(i, v) for i, v in enumerate(candidates) if v.name not in ties]
+    S = {v.name: _binary(prob, f"S_{i}") for i, v in own if v.savable}
+    R = {v.name: _binary(prob, f"R_{i}") for i, v in own if v.name in may_recompute}
     L = {v.name: [prob.add_variable(f"L_{i}_{k}", lowBound=0, upBound=1)
                   for k in range(len(starts[v.name].bounds))]
-         for i, v in enumerate(candidates) if v.name in may_recompute}
+         for i, v in enumerate(candidates) if v.name in may_recompute and not _shares_starts(v.name, ties, starts)}
+    for copy, rep in ties.items():
+        for decisions in (S, R, L):
+            if rep in decisions and copy not in decisions:
+                decisions[copy] = decisions[rep]
     M = [prob.add_variable(f"M_{t}", lowBound=0) for t in range(problem.num_steps)]
     # P is the peak as a fraction of peak_cap: its cost in the objective stays
     # far above solver tolerances, which drop costs near 1e-7 (a tie-break on
@@ -127,7 +141,16 @@ def add_variables(problem: Problem, budget_bytes: int | None, scales: Scales,
     # budgets met with equality infeasible).
     cap = None if budget_bytes is None else (budget_bytes + 0.5) / scales.peak_cap
     P = prob.add_variable("P", lowBound=0, upBound=cap)
-    return Model(prob, candidates, S, R, L, starts, M, P, scales)
+    return Model(prob, candidates, S, R, L, starts, M, P, scales, ties=dict(ties))
+
+
+def _shares_starts(name: str, ties: Ties, starts: dict[str, Starts]) -> bool:
+    """A tied copy shares its representative's segment variables when it has as many segments
+    (segment k of each is alive from the k-th possible start of its own recompute); otherwise
+    it keeps its own. Sharing them is a further restriction, and halves the solve time of a
+    48-layer GPT-style graph's smallest-peak search (FORMULATION.md)."""
+    rep = ties.get(name)
+    return rep is not None and len(starts[name].bounds) == len(starts[rep].bounds)
 
 
 def _binary(prob: pulp.LpProblem, name: str) -> pulp.LpVariable:
@@ -148,9 +171,10 @@ def _add_decision_rows(model: Model) -> None:
         choices = [x for x in (s, r) if x is not None]
         if v.direct_need and not choices:
             raise InvalidPlan(f"{v.name} is needed but can be neither kept nor recomputed")
-        if v.direct_need:
+        shared = v.name in model.ties  # its representative's rows already hold these decisions
+        if v.direct_need and not shared:
             model.prob += pulp.lpSum(choices) == 1, f"need_{i}"
-        elif len(choices) >= 2:
+        elif len(choices) >= 2 and not shared:
             model.prob += pulp.lpSum(choices) <= 1, f"keep_or_recompute_{i}"
         if r is None:  # never recomputed: no start and no operand rule
             continue
@@ -162,17 +186,25 @@ def _add_decision_rows(model: Model) -> None:
 
 def _add_start_rows(model: Model, i: int, v: Value, r: pulp.LpVariable) -> None:
     """Alive in a segment means alive in every later one and recomputed
-    (``started``); wherever v starts, each operand is ready (``operand``)."""
+    (``started``); wherever v starts, each operand is ready (``operand``).
+    An operand row a tied copy repeats word for word is added once."""
     alive, starts = model.L[v.name], model.starts[v.name]
     for k, x in enumerate(alive):
-        later = alive[k + 1] if k + 1 < len(alive) else r
-        model.prob += x - later <= 0, f"started_{i}_{k}"
+        _at_most(model, x, [alive[k + 1] if k + 1 < len(alive) else r], f"started_{i}_{k}")
     begins = list(zip(starts.bounds, alive))
     if starts.read is not None:
         begins.append((starts.read, r))
     for k, (step, x) in enumerate(begins):
         for j, u in enumerate(v.operands):
-            model.prob += x - pulp.lpSum(_ready_at(model, u, step)) <= 0, f"operand_{i}_{k}_{j}"
+            _at_most(model, x, _ready_at(model, u, step), f"operand_{i}_{k}_{j}")
+
+
+def _at_most(model: Model, x: pulp.LpVariable, bound: list[pulp.LpVariable], name: str) -> None:
+    """The row ``x <= sum(bound)``, once: tied copies repeat their representative's rows."""
+    key = (x.name, *sorted(y.name for y in bound))
+    if key not in model.rows:
+        model.rows.add(key)
+        model.prob += x - pulp.lpSum(bound) <= 0, name
 
 
 def _ready_at(model: Model, name: str, step: int) -> list[pulp.LpVariable]:
@@ -213,7 +245,7 @@ def _add_memory_rows(model: Model, problem: Problem, fixed: list[int]) -> list[b
                 terms[span[1] + 1].append((var, nbytes / unit))
     for t in range(T):
         links = [(model.M[t], 1.0)] + ([(model.M[t - 1], -1.0)] if t else [])
-        model.prob += pulp.LpAffineExpression(links + terms[t]) == fixed[t] / unit, f"memory_{t}"
+        model.prob += _affine(links + terms[t]) == fixed[t] / unit, f"memory_{t}"
     return starts
 
 
@@ -239,6 +271,27 @@ def _add_peak_rows(model: Model, problem: Problem, fixed: list[int], starts: lis
         if t and not starts[t] and fixed[t] + ws[t] - ws[t - 1] <= 0:
             continue
         model.prob += cap_units * model.P - model.M[t] >= ws[t] / model.scales.bytes, f"peak_{t}"
+    _add_recompute_scratch_rows(model, problem, ws)
+
+
+def _add_recompute_scratch_rows(model: Model, problem: Problem, ws: list[int]) -> None:
+    """At each step where a recomputed value may start (a segment bound, its read), its op's
+    scratch on top of that step's memory while it is alive there (``model.step_workspace``):
+    ``P * peak_cap >= M_t + w_v * x``. Only where the scratch exceeds the step's own workspace
+    (else ``peak_t`` implies the row)."""
+    cap_units, unit = model.scales.peak_cap / model.scales.bytes, model.scales.bytes
+    for i, v in enumerate(model.candidates):
+        scratch = op_workspace(problem, v)
+        if not scratch or v.name not in model.R:
+            continue
+        starts = model.starts[v.name]
+        begins = list(zip(starts.bounds, model.L[v.name]))
+        if starts.read is not None:
+            begins.append((starts.read, model.R[v.name]))
+        for k, (step, x) in enumerate(begins):
+            if 0 <= step < problem.num_steps and scratch > ws[step]:
+                row = _affine([(model.P, cap_units), (model.M[step], -1.0), (x, -scratch / unit)])
+                model.prob += row >= 0, f"scratch_{i}_{k}"
 
 
 def add_objective(model: Model, objective: Objective) -> None:
@@ -259,16 +312,29 @@ def add_objective(model: Model, objective: Objective) -> None:
     if objective == "peak":
         total = sum(c for _, c in cost) or 1.0
         tie = [(x, TIE_BREAK * c / total) for x, c in cost]
-        model.prob += pulp.LpAffineExpression([(model.P, scales.peak_cap / scales.bytes), *tie])
+        model.prob += _affine([(model.P, scales.peak_cap / scales.bytes), *tie])
         return
     time_terms = [(x, c / scales.seconds) for x, c in cost]
-    model.prob += pulp.LpAffineExpression([*time_terms, (model.P, 1.0)])
+    model.prob += _affine([*time_terms, (model.P, 1.0)])
 
 
-def build_model(problem: Problem, budget_bytes: int | None, objective: Objective = "time") -> Model:
-    """The whole program for ``problem``; ``budget_bytes`` None is no budget."""
+def _affine(terms: Sequence[tuple[pulp.LpVariable, float]]) -> pulp.LpAffineExpression:
+    """The sum of ``terms``; PuLP keeps only the last coefficient of a variable listed twice,
+    and tied copies list their shared variables once per copy."""
+    total: dict[pulp.LpVariable, float] = {}
+    for var, coefficient in terms:
+        total[var] = total.get(var, 0.0) + coefficient
+    return pulp.LpAffineExpression(list(total.items()))
+
+
+def build_model(problem: Problem, budget_bytes: int | None, objective: Objective = "time",
+                share_blocks: int = 0) -> Model:
+    """The whole program for ``problem``; ``budget_bytes`` None is no budget. ``share_blocks``:
+    the period at which interior copies of identical blocks share their decisions
+    (``blocks.shared_decisions``); 0 shares none."""
     starts = start_segments(problem)  # one pass over the graph serves the scales and the variables
-    model = add_variables(problem, budget_bytes, scales_for(problem, starts), starts)
+    ties = shared_decisions(problem, recomputable(problem), share_blocks) if share_blocks else {}
+    model = add_variables(problem, budget_bytes, scales_for(problem, starts), starts, ties)
     add_constraints(model, problem)
     add_objective(model, objective)
     return model
@@ -300,7 +366,7 @@ def solve_ilp(
     _check_fixed_fits(problem, budget_bytes)
     if not problem.candidates():  # nothing to decide: the check above settled it
         return evaluate(problem, (), solver=_name(config), status=Status.OPTIMAL)
-    model = build_model(problem, budget_bytes, objective)
+    model = build_model(problem, budget_bytes, objective, config.share_blocks)
     seed = _seed(problem, budget_bytes, objective, model, config, seeds)
     if seed is not None:
         _warm_start(model, problem, seed)
@@ -308,7 +374,17 @@ def solve_ilp(
     left = max(config.time_limit_s - (time.perf_counter() - start), 1.0)
     outcome = run_backend(model.prob, replace(config, time_limit_s=left))
     plan = _read_plan(model, problem, budget_bytes, config, outcome, seed)
+    if model.ties:
+        plan = _shared(plan, problem, model.ties)
     return replace(plan, solve_seconds=time.perf_counter() - start)
+
+
+def _shared(plan: Solution, problem: Problem, ties: Ties) -> Solution:
+    """The plan marked as the optimum among plans that share the tied blocks' decisions."""
+    blocks = tied_blocks(problem, ties)
+    note = (f"{blocks} identical blocks shared one set of decisions: the bound and gap hold among "
+            f"such plans, not among every plan")
+    return replace(plan, shared_blocks=blocks, notes=(*plan.notes, note))
 
 
 def min_peak(problem: Problem, *, config: ILPConfig | None = None) -> Solution:
@@ -345,6 +421,8 @@ def _seed(problem: Problem, budget_bytes: int | None, objective: Objective, mode
         return kept_all
     plans = cheap_plans(problem, 0 if budget_bytes is None else budget_bytes)
     plans += rounded_plans(model, problem, config) + list(seeds)
+    if model.ties:  # a warm start must be a point of this program
+        plans = [p for p in plans if consistent(p.saved, p.recomputed, model.ties)] or [kept_all]
     if objective == "peak":
         return min(plans, key=lambda p: (p.peak_bytes, p.added_seconds))
     return min((p for p in plans if _fits(p, budget_bytes)), key=lambda p: p.added_seconds, default=None)
@@ -369,7 +447,7 @@ def _warm_start(model: Model, problem: Problem, seed: Solution) -> None:
         first = chosen.get(name)
         for bound, x in zip(model.starts[name].bounds, model.L[name]):
             x.setInitialValue(1 if first is not None and bound >= first else 0)
-    for var, total, w in zip(model.M, line, workspace(problem)):
+    for var, total, w in zip(model.M, line, step_workspace(problem, seed.recomputed, chosen)):
         var.setInitialValue((total - w) / model.scales.bytes)
     model.P.setInitialValue(max(line, default=0) / model.scales.peak_cap)
 

@@ -25,7 +25,7 @@ BACKWARD and non-candidate FORWARD values ``[produced, last_use]``.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from .problem import Kind, Problem, Value
@@ -175,6 +175,36 @@ def running_sum(diff: Iterable[int]) -> list[int]:
 def workspace(problem: Problem) -> list[int]:
     """Per-step workspace, zeros when the problem has none."""
     return [problem.workspace_at(t) for t in range(problem.num_steps)]
+
+
+def op_workspace(problem: Problem, value: Value) -> int:
+    """The scratch of the op that produces ``value`` (its step's workspace): needed again
+    wherever the value is recomputed."""
+    return problem.workspace_at(value.produced) if 0 <= value.produced < problem.num_steps else 0
+
+
+def step_workspace(problem: Problem, recomputed: Iterable[str], starts: Mapping[str, int]) -> list[int]:
+    """Workspace at each step under a plan: the step's own op's, or the larger scratch of an op
+    recomputed there. torch recomputes a value just before its first consumer (its start), so
+    that op's scratch is held beside everything alive at the start (the op of that step has not
+    run yet: the two scratches are never held together). The scratch also counts at each later
+    step where a start of the value is possible (``scratch_steps``), an over-count that lets the
+    program state it without start indicators (FORMULATION.md)."""
+    by_name, ws = problem.by_name(), workspace(problem)
+    needy = [name for name in recomputed if op_workspace(problem, by_name[name])]
+    segments = start_segments(problem) if needy else {}
+    for name in needy:
+        scratch = op_workspace(problem, by_name[name])
+        for step in scratch_steps(segments[name], starts.get(name), problem.num_steps):
+            ws[step] = max(ws[step], scratch)
+    return ws
+
+
+def scratch_steps(starts: Starts, start: int | None, num_steps: int) -> list[int]:
+    """Where a value recomputed from ``start`` counts its op's scratch: there, and at each later
+    segment bound and its first read."""
+    later = [t for t in (*starts.bounds, *(() if starts.read is None else (starts.read,))) if start is None or t > start]
+    return [t for t in ([] if start is None else [start]) + later if 0 <= t < num_steps]
 
 
 def recomputable(problem: Problem) -> frozenset[str]:

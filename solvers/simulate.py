@@ -20,8 +20,8 @@ from .model import (
     keep_interval,
     recompute_interval,
     running_sum,
+    step_workspace,
     whole_run,
-    workspace,
 )
 from .problem import Problem, Value
 from .solution import Solution, Status
@@ -137,7 +137,7 @@ def timeline(problem: Problem, saved: Iterable[str], recomputed: Iterable[str],
     for name in recomputed:
         value = by_name[name]
         add_interval(diff, recompute_interval(value, starts.get(name)), value.held_when_recomputed)
-    return tuple(m + w for m, w in zip(running_sum(diff), workspace(problem)))
+    return tuple(m + w for m, w in zip(running_sum(diff), step_workspace(problem, recomputed, starts)))
 
 
 def alive_at(problem: Problem, saved: Iterable[str], recomputed: Iterable[str],

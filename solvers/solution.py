@@ -22,7 +22,10 @@ class Solution:
     ``peak_bytes``, ``timeline`` and ``added_seconds`` always come from
     ``simulate.evaluate``, never from solver floats. ``bound`` is the best
     proven lower bound of the solver's objective (seconds when minimizing
-    time, bytes when minimizing peak), ``gap`` the relative MIP gap.
+    time, bytes when minimizing peak), ``gap`` the relative MIP gap. With
+    ``shared_blocks`` > 0 the program gave that many identical blocks one set of
+    decisions (``blocks.py``): ``bound``, ``gap`` and an OPTIMAL status hold within
+    plans that share them, not among every plan.
     """
 
     solver: str
@@ -36,6 +39,7 @@ class Solution:
     gap: float | None
     solve_seconds: float
     notes: tuple[str, ...] = ()
+    shared_blocks: int = 0
 
     def to_dict(self) -> dict[str, object]:
         """Plain JSON-ready data; sets become sorted lists."""
@@ -51,4 +55,5 @@ class Solution:
             "gap": self.gap,
             "solve_seconds": self.solve_seconds,
             "notes": list(self.notes),
+            "shared_blocks": self.shared_blocks,
         }

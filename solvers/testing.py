@@ -180,3 +180,29 @@ def brute_force(problem: Problem, *, max_savable: int = 16) -> list[Solution]:
         except InvalidPlan:
             continue
     return plans
+
+
+def chain_of_blocks(layers: int, seed: int = 0, width: int = 3, *, odd: int | None = None) -> Problem:
+    """``layers`` identical blocks of ``width`` ops (one random template: bytes, costs, which
+    earlier op of the block each reads, which ones the backward reads), between an input and a
+    loss; the backward runs the blocks in reverse, each giving a parameter gradient. ``odd``:
+    the index of one block whose first op is larger (a copy that is not identical)."""
+    rng = random.Random(seed)
+    template = [(rng.randint(10, 100), round(rng.uniform(0.01, 1.0), 3), rng.randrange(i) if i > 1 else None,
+                 rng.random() < 0.6) for i in range(width)]
+    forward: list[Node] = []
+    backward: list[Node] = []
+    previous = "x"
+    for j in range(layers):
+        names = [f"l{j}_{i}" for i in range(width)]
+        for i, (nbytes, seconds, extra, _) in enumerate(template):
+            reads = (previous, "w") if i == 0 else (names[i - 1], *(() if extra is None else (names[extra],)))
+            size = nbytes + (7 if j == odd and i == 0 else 0)
+            forward.append(Node(names[i], size, reads, recompute_seconds=seconds, block=f"layers.{j}"))
+        previous = names[-1]
+    forward.append(Node("loss", 4, (previous,), output=True))
+    for j in reversed(range(layers)):
+        read = tuple(f"l{j}_{i}" for i, (*_, needed) in enumerate(template) if needed)
+        backward.append(Node(f"d{j}", 30, read + ((f"d{j + 1}",) if j + 1 < layers else ())))
+        backward.append(Node(f"gw{j}", 5, (f"d{j}",), grad=True))
+    return build_problem([("x", 20), ("w", 10)], forward, backward)

@@ -21,6 +21,6 @@ def test_package_docstring_examples_run() -> None:
 def test_every_row_family_is_documented() -> None:
     model = ilp.build_model(random_problem(4, 30, 30), 10**6)
     families = {re.sub(r"(_\d+)+$", "", c.name) for c in model.prob.constraints()}
-    assert families == {"need", "keep_or_recompute", "started", "operand", "memory", "peak"}
+    assert families == {"need", "keep_or_recompute", "started", "operand", "memory", "peak", "scratch"}
     for family in families:
         assert f"`{family}_" in FORMULATION

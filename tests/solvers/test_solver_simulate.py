@@ -10,9 +10,9 @@ import random
 import pytest
 
 from remat.solvers import InvalidPlan, Kind, Problem, check_plan, closure, evaluate, timeline
-from remat.solvers.model import keep_interval, recompute_interval
+from remat.solvers.model import keep_interval, recompute_interval, start_segments
 from remat.solvers.simulate import canonical
-from remat.solvers.testing import random_problem
+from remat.solvers.testing import Node, build_problem, random_problem
 
 
 def naive_starts(problem: Problem, recomputed: set[str]) -> dict[str, int]:
@@ -35,7 +35,7 @@ def naive_timeline(problem: Problem, saved: set[str], recomputed: set[str]) -> l
     starts = naive_starts(problem, recomputed)
     out = []
     for t in range(problem.num_steps):
-        total = problem.workspace_at(t)
+        total = max([problem.workspace_at(t), *(scratch for v, scratch in recompute_scratch(problem, recomputed, starts, t))])
         for v in problem.values:
             alive = v.kind is Kind.INPUT or v.produced <= t <= v.last_use
             if v.name in saved and v.need_end is not None:
@@ -45,6 +45,25 @@ def naive_timeline(problem: Problem, saved: set[str], recomputed: set[str]) -> l
             total += v.bytes if alive else 0
         out.append(total)
     return out
+
+
+def recompute_scratch(problem: Problem, recomputed: set[str], starts: dict[str, int], t: int) -> list:
+    """Recomputed values whose op's scratch counts at step ``t``: at their start, and at each
+    later step where a recompute of theirs could begin (their first read, a user's possible start)."""
+    segments = start_segments(problem)
+    return [(v, problem.workspace_at(v.produced)) for v in problem.values if v.name in recomputed
+            and (t == starts[v.name] or (t > starts[v.name] and (t == segments[v.name].read or t in segments[v.name].bounds)))]
+
+
+def test_recomputed_op_scratch_counts_at_its_start() -> None:
+    """x -> a (op scratch 50) -> b; the backward reads a late: recomputing a needs its scratch
+    again there, beside what is alive."""
+    problem = build_problem([("x", 10)], [Node("a", 20, ("x",)), Node("b", 30, ("a",), output=True)],
+                            [Node("g1", 5), Node("g2", 5), Node("g3", 5, ("a",), grad=True)], workspace=[50, 0, 0, 0, 0])
+    kept, again = timeline(problem, {"a"}, set()), timeline(problem, set(), {"a"})
+    assert kept == (80, 60, 65, 65, 65)
+    assert again == (80, 60, 45, 45, 115)  # at g3: x, b, g3, a again, and a's scratch 50 again
+    assert list(again) == naive_timeline(problem, set(), {"a"})
 
 
 def test_chain_store_all_timeline(chain: Problem) -> None:

@@ -1,0 +1,82 @@
+"""Identical repeated blocks, and one set of decisions for their interior copies.
+
+A model's layers (``Value.block``: ``"blocks.3"``, ``"model.layers.7"``) repeat the same
+ops on the same shapes, and the best plans repeat too: on a 12-layer GPT-style graph the
+program's optimum keeps the same positions in 11 of 12 blocks. The smallest-peak search
+(``min_peak``) therefore solves a smaller program where every interior block of a list
+(all but the first and the last, which meet the embedding and the head) takes the
+decisions of the first interior one: the binaries shrink by about the depth, while the
+memory rows stay those of the whole graph, so the program still counts every copy's bytes
+at its own steps and its plans are exact under the simulator (FORMULATION.md, "Shared
+blocks"). It is a restriction: its optimum is a valid plan, never below the whole
+program's, equal where the optimum repeats.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Collection
+
+from .problem import Kind, Problem, Value
+
+Ties = dict[str, str]  # value of an interior copy -> the same value of the representative copy
+
+
+def shared_decisions(problem: Problem, recomputable: Collection[str], period: int = 1) -> Ties:
+    """For each list of identical blocks, every interior copy's candidates tied to those of the
+    interior copy ``period`` places before it (so ``period`` representatives take the decisions:
+    adjacent blocks often alternate, one keeping its output and the next its input). A copy that
+    differs (``signature``) keeps its own decisions."""
+    members = _members(problem)
+    ties: Ties = {}
+    for blocks in _lists(members).values():
+        interior = blocks[1:-1]
+        for k in range(period, len(interior)):
+            block, rep = interior[k], interior[k % period]
+            if signature(members, block, blocks, recomputable) == signature(members, rep, blocks, recomputable):
+                ties.update((v.name, r.name) for v, r in zip(members[block], members[rep]) if v.is_candidate)
+    return ties
+
+
+def _members(problem: Problem) -> dict[str, list[Value]]:
+    """Each block's FORWARD values in production order."""
+    members: dict[str, list[Value]] = defaultdict(list)
+    for v in problem.values:
+        if v.kind is Kind.FORWARD and v.block:
+            members[v.block].append(v)
+    return members
+
+
+def _lists(members: dict[str, list[Value]]) -> dict[str, list[str]]:
+    """Blocks grouped by their list (the label before its index), in production order."""
+    lists: dict[str, list[str]] = defaultdict(list)
+    for block in members:
+        lists[block.rpartition(".")[0]].append(block)
+    return lists
+
+
+def signature(members: dict[str, list[Value]], block: str, blocks: list[str], recomputable: Collection[str]) -> tuple:
+    """What two copies must share for one set of decisions to mean the same in both: per value,
+    the op, bytes, which decisions exist (savable, recomputable, needed), and each operand as a
+    position in this block, in the block before it, or a name outside the blocks."""
+    index = {v.name: (0, i) for i, v in enumerate(members[block])}
+    k = blocks.index(block)
+    if k:
+        index.update({v.name: (-1, i) for i, v in enumerate(members[blocks[k - 1]])})
+    return tuple(
+        (v.op, v.bytes, v.held_when_recomputed, v.fused_in_forward, v.savable, v.is_candidate,
+         v.direct_need, v.name in recomputable,
+         tuple(index.get(u, u) for u in v.operands), tuple(index.get(u, u) for u in v.keep_operands))
+        for v in members[block])
+
+
+def consistent(saved: Collection[str], recomputed: Collection[str], ties: Ties) -> bool:
+    """Whether a plan takes the same decisions in every tied copy (a program with ``ties``
+    can express it)."""
+    return all((a in saved) == (r in saved) and (a in recomputed) == (r in recomputed) for a, r in ties.items())
+
+
+def tied_blocks(problem: Problem, ties: Ties) -> int:
+    """How many blocks take one shared set of decisions (representatives included)."""
+    by_name = problem.by_name()
+    return len({by_name[name].block for pair in ties.items() for name in pair})
