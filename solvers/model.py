@@ -178,9 +178,12 @@ def workspace(problem: Problem) -> list[int]:
 
 
 def op_workspace(problem: Problem, value: Value) -> int:
-    """The scratch of the op that produces ``value`` (its step's workspace): needed again
-    wherever the value is recomputed."""
-    return problem.workspace_at(value.produced) if 0 <= value.produced < problem.num_steps else 0
+    """The scratch of the op that produces ``value`` (its step's workspace), needed again
+    wherever the value is recomputed; none where the recomputation is fused into its consumers
+    (``recompute_bytes`` 0: Inductor's generated kernels allocate nothing)."""
+    if not value.held_when_recomputed or not 0 <= value.produced < problem.num_steps:
+        return 0
+    return problem.workspace_at(value.produced)
 
 
 def step_workspace(problem: Problem, recomputed: Iterable[str], starts: Mapping[str, int]) -> list[int]:

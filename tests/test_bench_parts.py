@@ -172,3 +172,18 @@ def test_compile_time_command_line_models_and_caches(tmp_path) -> None:
     env = compile_time.cache_env(tmp_path)
     assert set(env) == {"TORCHINDUCTOR_CACHE_DIR", "REMAT_PLAN_CACHE", "REMAT_COST_CACHE"}
     assert len({*env.values()}) == 3 and all(v.startswith(str(tmp_path)) for v in env.values())
+
+
+def test_monotone_bench_judges_rows_from_the_highest_budget_down() -> None:
+    from bench.monotone import judged, verdict
+
+    def row(budget, peak, ms, measured):
+        return {"budget_bytes": budget, "predicted_peak_bytes": peak, "predicted_overhead_seconds": ms / 1e3,
+                "measured_peak_bytes": measured}
+
+    good = judged([row(100, 90, 1.0, 90), row(80, 75, 2.0, 80), row(60, 60, 3.0, 60)])
+    assert all(verdict(good).values())
+    assert [r["measured_rise"] for r in good] == [None, round(80 / 90 - 1, 4), round(60 / 80 - 1, 4)]
+    bad = judged([row(100, 90, 1.0, 70), row(80, 95, 0.5, 75), row(60, 60, 3.0, 61)])
+    assert verdict(bad) == {"predicted monotone": False, "measured rises at most 2%": False,
+                            "measured within budget": False}

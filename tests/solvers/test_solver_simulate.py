@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import json
 import random
@@ -51,7 +52,8 @@ def recompute_scratch(problem: Problem, recomputed: set[str], starts: dict[str, 
     """Recomputed values whose op's scratch counts at step ``t``: at their start, and at each
     later step where a recompute of theirs could begin (their first read, a user's possible start)."""
     segments = start_segments(problem)
-    return [(v, problem.workspace_at(v.produced)) for v in problem.values if v.name in recomputed
+    return [(v, problem.workspace_at(v.produced) if v.held_when_recomputed else 0) for v in problem.values
+            if v.name in recomputed
             and (t == starts[v.name] or (t > starts[v.name] and (t == segments[v.name].read or t in segments[v.name].bounds)))]
 
 
@@ -64,6 +66,13 @@ def test_recomputed_op_scratch_counts_at_its_start() -> None:
     assert kept == (80, 60, 65, 65, 65)
     assert again == (80, 60, 45, 45, 115)  # at g3: x, b, g3, a again, and a's scratch 50 again
     assert list(again) == naive_timeline(problem, set(), {"a"})
+
+
+def test_a_recompute_fused_into_its_consumers_holds_no_scratch() -> None:
+    problem = build_problem([("x", 10)], [Node("a", 20, ("x",)), Node("b", 30, ("a",), output=True)],
+                            [Node("g1", 5), Node("g2", 5), Node("g3", 5, ("a",), grad=True)], workspace=[50, 0, 0, 0, 0])
+    fused = replace(problem, values=tuple(replace(v, recompute_bytes=0) if v.name == "a" else v for v in problem.values))
+    assert timeline(fused, set(), {"a"})[-1] == 45  # x, b, g3: neither a's bytes nor its scratch again
 
 
 def test_chain_store_all_timeline(chain: Problem) -> None:
