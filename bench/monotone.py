@@ -8,7 +8,7 @@ Inductor: budgets from the smallest feasible to the one at which keeping everyth
 planned, compiled and run for one step. Checks, budget by budget from the highest down:
 
 - the predicted peak never rises and the predicted added time never falls as the budget falls;
-- the measured peak does not rise by more than 2 % as the budget falls (over the highest measured
+- the measured peak does not rise by more than 2 % as the budget falls (over the lowest measured
   at any larger budget);
 - every measured peak is within its budget.
 

@@ -31,9 +31,10 @@ def shared_decisions(problem: Problem, recomputable: Collection[str], period: in
     ties: Ties = {}
     for blocks in _lists(members).values():
         interior = blocks[1:-1]
+        signatures = {block: signature(members, block, blocks, recomputable) for block in interior}
         for k in range(period, len(interior)):
             block, rep = interior[k], interior[k % period]
-            if signature(members, block, blocks, recomputable) == signature(members, rep, blocks, recomputable):
+            if signatures[block] == signatures[rep]:
                 ties.update((v.name, r.name) for v, r in zip(members[block], members[rep]) if v.is_candidate)
     return ties
 

@@ -98,7 +98,7 @@ class Model:
     scales: Scales
     objective: Objective = "time"
     ties: Ties = field(default_factory=dict)  # a copy's value -> its representative's (shared variables)
-    rows: set[tuple] = field(default_factory=set)  # operand rows already added (tied copies repeat them)
+    rows: set[tuple] = field(default_factory=set)  # started and operand rows already added (tied copies repeat them)
 
 
 def scales_for(problem: Problem, starts: dict[str, Starts]) -> Scales:
