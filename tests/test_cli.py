@@ -21,8 +21,10 @@ def test_plan_timings_say_where_compile_time_went(capsys) -> None:  # type: igno
     table = capsys.readouterr().out.split("phase", 1)[1].splitlines()[1:]
     seconds = {line.split()[0]: float(line.split()[1]) for line in table if line.strip()}
     assert list(seconds) == ["capture", "profile", "solve", "inductor", "total"]
+    # Each printed figure is rounded to 0.01 s, so the printed total may differ from the sum of
+    # the printed phases by up to 5 x 0.005 s.
     assert all(s > 0 for s in seconds.values()) and seconds["total"] == pytest.approx(
-        sum(s for phase, s in seconds.items() if phase != "total"), abs=0.02)
+        sum(s for phase, s in seconds.items() if phase != "total"), abs=0.026)
 
 
 def test_plan_json_is_the_report(capsys) -> None:  # type: ignore[no-untyped-def]
