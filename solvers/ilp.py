@@ -3,7 +3,7 @@
 Reads like the formulation: ``add_variables``, ``add_constraints``,
 ``add_objective``; PuLP names carry indices (``S_3``, ``need_3``,
 ``memory_17``) and ``Model.candidates[i]`` maps them back to value names.
-``solve_ilp`` wraps the model with a warm start and a fallback so that it
+``solve_ilp`` wraps the model with a warm start (``warm_start.py``) and a fallback so that it
 always returns a valid plan within the budget, or raises.
 """
 
@@ -19,16 +19,13 @@ from typing import Literal
 import pulp
 
 from .backends import Outcome, run_backend
-from .baselines import cheap_plans, store_all
-from .blocks import Ties, consistent, shared_decisions, tied_blocks
+from .blocks import Ties, shared_decisions, tied_blocks
 from .errors import Infeasible, InvalidPlan, NoPlanFound
 from .model import (
     Interval,
     Starts,
-    candidate_users,
     clip,
     copies_bytes,
-    exact_starts,
     fixed_diff,
     keep_interval,
     need_interval,
@@ -37,14 +34,13 @@ from .model import (
     recompute_interval,
     running_sum,
     start_segments,
-    step_workspace,
     whole_run,
     workspace,
 )
 from .problem import Problem, Value
-from .rounding import rounded_plans
 from .simulate import canonical, evaluate, timeline
 from .solution import Solution, Status
+from .warm_start import fits, seed_plan, warm_start
 
 log = logging.getLogger(__name__)
 
@@ -367,9 +363,9 @@ def solve_ilp(
     if not problem.candidates():  # nothing to decide: the check above settled it
         return evaluate(problem, (), solver=_name(config), status=Status.OPTIMAL)
     model = build_model(problem, budget_bytes, objective, config.share_blocks)
-    seed = _seed(problem, budget_bytes, objective, model, config, seeds)
+    seed = seed_plan(problem, budget_bytes, objective, model, config, seeds)
     if seed is not None:
-        _warm_start(model, problem, seed)
+        warm_start(model, problem, seed)
     log.debug("ilp: %d columns, %d rows", len(model.prob.variables()), len(model.prob.constraints()))
     left = max(config.time_limit_s - (time.perf_counter() - start), 1.0)
     outcome = run_backend(model.prob, replace(config, time_limit_s=left))
@@ -411,66 +407,6 @@ def _check_fixed_fits(problem: Problem, budget_bytes: int | None) -> None:
         )
 
 
-def _seed(problem: Problem, budget_bytes: int | None, objective: Objective, model: Model,
-          config: ILPConfig, seeds: Sequence[Solution] = ()) -> Solution | None:
-    """A cheap valid plan: store-all if it fits; else the best that fits of the other
-    cheap plans (greedy, recompute-all, the peers' rules) and the relaxation's roundings
-    (for "peak", the lowest). Raises InvalidPlan if none is valid."""
-    kept_all = store_all(problem)
-    if objective == "time" and _fits(kept_all, budget_bytes):
-        return kept_all
-    plans = cheap_plans(problem, 0 if budget_bytes is None else budget_bytes)
-    plans += rounded_plans(model, problem, config) + list(seeds)
-    if model.ties:  # a warm start must be a point of this program
-        plans = [p for p in plans if consistent(p.saved, p.recomputed, model.ties)] or [kept_all]
-    if objective == "peak":
-        return min(plans, key=lambda p: (p.peak_bytes, p.added_seconds))
-    return min((p for p in plans if _fits(p, budget_bytes)), key=lambda p: p.added_seconds, default=None)
-
-
-def _fits(plan: Solution, budget_bytes: int | None) -> bool:
-    return budget_bytes is None or plan.peak_bytes <= budget_bytes
-
-
-def _warm_start(model: Model, problem: Problem, seed: Solution) -> None:
-    """Pass the seed as a MIP start, unless its start options put it over the budget."""
-    chosen = _seed_starts(model, problem, seed)
-    line = timeline(problem, seed.saved, seed.recomputed, chosen)
-    bound = model.P.upBound
-    if bound is not None and max(line, default=0) / model.scales.peak_cap > bound:
-        log.debug("ilp: the seed's start options peak over the budget; solving without a start")
-        return
-    for name, var in model.S.items():
-        var.setInitialValue(1 if name in seed.saved else 0)
-    for name, var in model.R.items():
-        var.setInitialValue(1 if name in seed.recomputed else 0)
-        first = chosen.get(name)
-        for bound, x in zip(model.starts[name].bounds, model.L[name]):
-            x.setInitialValue(1 if first is not None and bound >= first else 0)
-    for var, total, w in zip(model.M, line, step_workspace(problem, seed.recomputed, chosen)):
-        var.setInitialValue((total - w) / model.scales.bytes)
-    model.P.setInitialValue(max(line, default=0) / model.scales.peak_cap)
-
-
-def _seed_starts(model: Model, problem: Problem, seed: Solution) -> dict[str, int]:
-    """For each value the seed recomputes, the start the program can express:
-    the segment bound (or read) at or before its exact start and the chosen
-    start of every recomputed user, so that operands stay ready."""
-    exact, users = exact_starts(problem, seed.recomputed), candidate_users(problem)
-    chosen: dict[str, int] = {}
-    for v in reversed(model.candidates):
-        if v.name not in exact or v.name not in model.R:
-            continue
-        limit = min([exact[v.name], *(chosen[w] for w in users[v.name] if w in chosen)])
-        starts = model.starts[v.name]
-        k = starts.segment_at(limit)
-        if starts.read is not None and limit >= starts.read:
-            chosen[v.name] = starts.read
-        elif k is not None:
-            chosen[v.name] = starts.bounds[k]
-    return chosen
-
-
 def _read_plan(
     model: Model,
     problem: Problem,
@@ -492,7 +428,7 @@ def _read_plan(
         plan = evaluate(problem, canonical(problem, chosen), solver=name, status=outcome.status)
     except InvalidPlan as err:
         return _fallback(seed, name, f"extracted plan is invalid ({err})")
-    if not _fits(plan, budget_bytes):
+    if not fits(plan, budget_bytes):
         reason = f"extracted plan peaks at {plan.peak_bytes} > budget {budget_bytes}"
         return _fallback(seed, name, reason)
     plan = replace(plan, bound=_bound(model, outcome), gap=outcome.gap)

@@ -189,7 +189,7 @@ def test_a_wrong_infeasible_claim_returns_the_seed(
 
 def test_no_seed_and_no_solution_raises(branch: Problem, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ilp, "run_backend", lambda prob, config: Outcome(None, reason="time limit"))
-    monkeypatch.setattr(ilp, "_seed", lambda *args: None)
+    monkeypatch.setattr(ilp, "seed_plan", lambda *args: None)
     with pytest.raises(NoPlanFound, match="time limit"):
         solve_ilp(branch, 350)
 
