@@ -36,7 +36,7 @@ from .request import PlanRequest
 
 log = logging.getLogger(__name__)
 
-FORMAT = 5  # 5: with the compiled program's peak (4: the plan record with its problem)
+FORMAT = 6  # 6: programs compiled with each fused kernel at its last part (5: with the compiled program's peak)
 OFF = ("0", "off", "false", "no", "")
 
 

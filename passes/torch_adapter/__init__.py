@@ -4,6 +4,8 @@ torch 2.11 to 2.14 keep these names; when one moves, only this package
 changes. The rest of remat imports from here, never from
 ``torch._functorch`` or ``torch._inductor`` directly. The reader of Inductor's
 generated program lives in ``inductor_program``; its names are re-exported here.
+The scheduler pass that keeps Inductor's kernel order near the plan's lives in
+``inductor_order``.
 
 How remat reaches the joint graph: torch's own min-cut partitioner
 (``min_cut_rematerialization_partition``) does the version-sensitive work
@@ -35,6 +37,7 @@ from torch._inductor import config as inductor_config
 from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 from torch.fx.experimental.proxy_tensor import is_sym_node
 
+from .inductor_order import order_settings
 from .inductor_program import (  # re-exported: the adapter is one namespace
     _PARTITIONED_OUTPUTS,
     allocation_granularity,
@@ -95,8 +98,10 @@ def saved_values_chooser(choose: ChooseSaved) -> Iterator[None]:
 GraphHook = Callable[[fx.GraphModule, str], object]
 # Inductor keeps a freed buffer allocated until a later buffer of the same
 # size reuses it, however far away: memory the plan counts as free stays
-# held. Freeing at last use makes the step peak where the plan says.
-INDUCTOR_SETTINGS = {"allow_buffer_reuse": False}
+# held. Freeing at last use makes the step peak where the plan says. Each fused
+# kernel runs where its last part was (``inductor_order``), so no recompute runs
+# earlier than the plan put it.
+INDUCTOR_SETTINGS = {"allow_buffer_reuse": False, **order_settings()}
 
 
 def compile_inductor(
