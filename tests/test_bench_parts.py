@@ -187,3 +187,29 @@ def test_monotone_bench_judges_rows_from_the_highest_budget_down() -> None:
     bad = judged([row(100, 90, 1.0, 70), row(80, 95, 0.5, 75), row(60, 60, 3.0, 61)])
     assert verdict(bad) == {"predicted monotone": False, "measured rises at most 2%": False,
                             "measured within budget": False}
+
+
+def test_fused_order_bench_plans_without_the_pass_then_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench import fused_order
+    from remat.passes import torch_adapter as adapter
+    from remat.passes.torch_adapter.inductor_order import FusedAtLastPart
+
+    installed: list[list[object]] = []
+
+    def fake_planned(model: object, inputs: tuple) -> dict:
+        installed.append([adapter.INDUCTOR_SETTINGS.get(s) for s in fused_order.order_settings()])
+        low = 100 - 10 * len(installed)
+        return {"min_feasible_bytes": low * 2**20, "no_budget_compiled_bytes": 0,
+                **{f"at_{f}": {"budget_bytes": 0, "predicted_bytes": low * 2**20, "compiled_bytes": (low + i) * 2**20}
+                   for i, f in enumerate(fused_order.FRACTIONS)}}
+
+    monkeypatch.setattr(fused_order, "planned", fake_planned)
+    monkeypatch.setattr(fused_order, "build", lambda name, device, size: (None, ()))
+    before = dict(adapter.INDUCTOR_SETTINGS)
+    row = fused_order.compare("gpt")
+    assert adapter.INDUCTOR_SETTINGS == before
+    if fused_order.order_settings():  # a torch with the hook: off for the first plan, remat's pass for the second
+        assert installed[0] == [None] and isinstance(installed[1][0], FusedAtLastPart)
+    assert fused_order.lowest_compiled(row["inductor_order"]) == 90 * 2**20
+    table = fused_order.markdown([row])
+    assert "| gpt | inductor order | 90.00 | 90.00 |" in table and "| gpt | last part | 80.00 | 80.00 |" in table
