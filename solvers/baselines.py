@@ -24,7 +24,7 @@ from .model import (
     recompute_interval,
     whole_run,
 )
-from .problem import Problem, Value
+from .problem import Problem, Value, storage_of
 from .simulate import canonical, evaluate
 from .solution import Solution
 
@@ -91,9 +91,7 @@ def block_outputs(problem: Problem) -> frozenset[str]:
     by_name = problem.by_name()
     crossing = set()
     for value in problem.values:
-        for name in value.operands:
-            while name in by_name and not by_name[name].savable and by_name[name].operands:
-                name = by_name[name].operands[0]
+        for name in (storage_of(by_name, n) for n in value.operands):
             operand = by_name.get(name)
             if operand is not None and operand.block and operand.block != value.block:
                 crossing.add(name)

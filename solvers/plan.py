@@ -27,7 +27,7 @@ from .baselines import cheap_plans, checkpoint_blocks, save_matmuls, store_all
 from .errors import GIB, BudgetError, Infeasible, InvalidPlan, PlanError, format_bytes
 from .ilp import ILPConfig, min_peak
 from .model import copies_kept_bytes, exact_starts, step_workspace
-from .problem import Kind, Problem, Value
+from .problem import Kind, Problem, Value, storage_of
 from .registry import available, get
 from .simulate import added_seconds, alive_at, closure, evaluate
 from .solution import Solution, Status
@@ -256,9 +256,7 @@ def kept_in_model(problem: Problem, saved: Collection[str]) -> frozenset[str]:
     """
     values = problem.by_name()
     kept = set()
-    for name in saved:
-        while name in values and not values[name].savable and values[name].operands:
-            name = values[name].operands[0]
+    for name in (storage_of(values, n) for n in saved):
         if name in values and values[name].is_candidate and values[name].savable:
             kept.add(name)
     return frozenset(kept)

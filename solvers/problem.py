@@ -157,6 +157,14 @@ class Problem:
         return self.workspace[step] if self.workspace else 0
 
 
+def storage_of(by_name: dict[str, Value], name: str) -> str:
+    """The value whose storage ``name`` uses: a view (not savable, with operands) stands for
+    its base's, followed back to a value with storage of its own."""
+    while name in by_name and not by_name[name].savable and by_name[name].operands:
+        name = by_name[name].operands[0]
+    return name
+
+
 def problem_to_dict(problem: Problem) -> dict:
     """``problem`` as JSON-able data (the plan cache stores it: a hit needs no profiling)."""
     return {"values": [{**asdict(v), "kind": v.kind.value} for v in problem.values],
