@@ -41,8 +41,10 @@ class Frontier(Deferring):
     ``rows`` is plain data, one dict per budget in the order given: ``budget_gb``,
     ``budget_bytes``, ``feasible``, ``status``, ``predicted_peak_bytes``,
     ``predicted_overhead_seconds``, ``recomputed``, ``kept``, ``solve_seconds``,
-    ``mip_gap``, and with ``measure=True`` ``measured_peak_bytes`` and
-    ``step_seconds``. Infeasible budgets have ``feasible=False`` and no prediction.
+    ``mip_gap``, and with ``measure=True`` ``measured_peak_bytes``, ``step_seconds``,
+    ``compiled_peak_bytes``, ``plan_budget_bytes`` (the budget whose compiled plan the row
+    holds: the fastest measured plan that fits) and ``own_plan_measured_peak_bytes``.
+    Infeasible budgets have ``feasible=False`` and no prediction.
     ``min_feasible_bytes`` is computed when first read, as a Report's is.
     """
 
@@ -188,29 +190,75 @@ def device_of(model: Any, inputs: Sequence[Any]) -> torch.device:
     return tensors[0].device if tensors else torch.device("cpu")
 
 
+@dataclass(frozen=True)
+class MeasuredPlan:
+    """One budget's compiled plan and its step: the candidates a measured sweep chooses among."""
+
+    budget_bytes: int
+    report: Report  # the compiled plan's report, its measured peak in it
+    seconds: float
+
+    @property
+    def rank(self) -> tuple[float, int, int]:
+        """Faster first; then the lower measured peak; then the larger budget (a total order, so
+        the budgets a plan wins are nested)."""
+        return (self.report.predicted_overhead_seconds, self.report.measured_peak_bytes, -self.budget_bytes)
+
+    def fits(self, budget_bytes: int) -> bool:
+        return self.report.measured_peak_bytes <= budget_bytes
+
+
 def measure_frontier(frontier: Frontier, model: Callable[..., Any], inputs: Sequence[Any], options: Options) -> None:
-    """Compile and run one step per feasible budget; add measured peak and step time."""
+    """Compile and run one step per feasible budget, then give each budget the fastest plan
+    measured at any budget whose measured peak fits it: the measured peak never rises and the
+    predicted time never falls as the budget falls."""
     device = device_of(model, inputs)
     frontier.measured, frontier.measured_device = True, str(device)
     fixed = held_bytes(model, inputs)
     grads = [(p, p.grad) for p in model.parameters()] if isinstance(model, torch.nn.Module) else []
+    own: dict[int, MeasuredPlan] = {}
     try:
         rows = progress(list(zip(frontier.rows, frontier.reports)), desc="remat: measuring", unit="budget")
         for index, (r, report) in enumerate(rows):
             r["measured_peak_bytes"] = r["step_seconds"] = None
-            if report is None:
-                continue
-            peak, seconds = measure_step(model, inputs, replace(options, budget_gb=r["budget_gb"]), device)
-            r["measured_peak_bytes"], r["step_seconds"] = peak + fixed, seconds
-            frontier.reports[index] = report.with_measured_peak(peak + fixed)
+            if report is not None:
+                compiled, peak, seconds = measure_step(model, inputs, replace(options, budget_gb=r["budget_gb"]), device)
+                own[index] = MeasuredPlan(r["budget_bytes"], compiled.with_measured_peak(peak + fixed), seconds)
     finally:
         for p, grad in grads:
             p.grad = grad
+    for index, mine in own.items():
+        chosen = fastest_fitting(own.values(), mine)
+        frontier.rows[index].update(measured_row(chosen, mine))
+        frontier.reports[index] = chosen.report
+
+
+def fastest_fitting(candidates: Any, mine: MeasuredPlan) -> MeasuredPlan:
+    """The first-ranked plan whose measured peak fits ``mine``'s budget. A budget whose own plan
+    measured over it keeps that plan, so the breach shows in its row."""
+    if not mine.fits(mine.budget_bytes):
+        log.warning("remat sweep: the plan compiled for %d bytes measured %d", mine.budget_bytes,
+                    mine.report.measured_peak_bytes)
+        return mine
+    return min((c for c in candidates if c.fits(mine.budget_bytes)), key=lambda c: c.rank)
+
+
+def measured_row(chosen: MeasuredPlan, mine: MeasuredPlan) -> dict[str, Any]:
+    """A row's figures for the plan it holds: the compiled plan (which the fitting loop may have
+    made tighter than the solve at this budget), its measured peak and step time."""
+    r = chosen.report
+    return {"status": r.solver_status, "predicted_peak_bytes": r.predicted_peak_bytes,
+            "predicted_overhead_seconds": r.predicted_overhead_seconds, "recomputed": len(r.recomputed),
+            "kept": len(r.saved), "solve_seconds": r.solve_seconds, "mip_gap": r.mip_gap,
+            "compiled_peak_bytes": r.compiled_peak_bytes, "measured_peak_bytes": r.measured_peak_bytes,
+            "step_seconds": chosen.seconds, "plan_budget_bytes": chosen.budget_bytes,
+            "own_plan_measured_peak_bytes": mine.report.measured_peak_bytes}
 
 
 def measure_step(model: Callable[..., Any], inputs: Sequence[Any], options: Options,
-                 device: torch.device) -> tuple[int, float]:
-    """(peak bytes above what was allocated before, seconds) of one compiled step."""
+                 device: torch.device) -> tuple[Report, int, float]:
+    """The report of the first graph remat compiled, the step's peak bytes above what was
+    allocated before, and its seconds."""
     import remat
 
     adapter.reset_compiled()  # a fresh capture: dynamo would otherwise reuse an earlier budget's graphs
@@ -236,7 +284,7 @@ def measure_step(model: Callable[..., Any], inputs: Sequence[Any], options: Opti
     synchronize(device)
     seconds = time.perf_counter() - start
     clear()
-    return peak, seconds
+    return remat.reports(compiled)[0], peak, seconds
 
 
 def synchronize(device: torch.device) -> None:

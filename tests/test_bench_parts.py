@@ -187,6 +187,11 @@ def test_monotone_bench_judges_rows_from_the_highest_budget_down() -> None:
     bad = judged([row(100, 90, 1.0, 70), row(80, 95, 0.5, 75), row(60, 60, 3.0, 61)])
     assert verdict(bad) == {"predicted monotone": False, "measured rises at most 2%": False,
                             "measured within budget": False}
+    # under Inductor the compiled program's peak is the one checked, not the model's
+    compiled = judged([dict(row(100, 90, 1.0, 90), compiled_peak_bytes=88), dict(row(80, 95, 2.0, 80), compiled_peak_bytes=80)])
+    assert verdict(compiled)["predicted monotone"]
+    assert not verdict(judged([dict(row(100, 90, 1.0, 90), compiled_peak_bytes=70),
+                               dict(row(80, 75, 2.0, 80), compiled_peak_bytes=80)]))["predicted monotone"]
 
 
 def test_fused_order_bench_plans_without_the_pass_then_with_it(monkeypatch: pytest.MonkeyPatch) -> None:

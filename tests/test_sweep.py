@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import io
 import json
+import random
+from types import SimpleNamespace
 
 import pytest
 
 import remat
 from remat.errors import GIB
+from remat.frontier import MeasuredPlan, fastest_fitting
 from remat.passes import partition
 from remat.progress import progress
 from tests.conftest import build
@@ -112,7 +115,36 @@ def test_measure_adds_the_measured_peak_on_the_cpu() -> None:
     # op by op the model predicts the step's peak to the byte
     assert row["measured_peak_bytes"] == row["predicted_peak_bytes"] <= row["budget_bytes"]
     assert row["step_seconds"] > 0 and result.reports[1].measured_peak_bytes == row["measured_peak_bytes"]
+    assert row["plan_budget_bytes"] == row["budget_bytes"] and row["compiled_peak_bytes"] is None
+    assert row["own_plan_measured_peak_bytes"] == row["measured_peak_bytes"]
     assert all(p.grad is None for p in model.parameters()), "gradients are left as they were"
+
+
+def measured(budget: int, peak: int, seconds: float) -> MeasuredPlan:
+    report = SimpleNamespace(measured_peak_bytes=peak, predicted_overhead_seconds=seconds)
+    return MeasuredPlan(budget, report, 0.0)  # type: ignore[arg-type]
+
+
+def test_a_budget_takes_a_larger_budgets_plan_that_measured_lower_and_faster() -> None:
+    # gpt-softmax, 2026-12-02: the plan compiled at 5.69 MB measured 5.02 MB, the one at 5.19 MB
+    # measured 5.14 MB and was slower
+    high, low = measured(5_690_121, 5_021_712, -0.383e-3), measured(5_192_712, 5_137_936, -0.303e-3)
+    assert fastest_fitting([high, low], low) is high
+    assert fastest_fitting([high, low], high) is high
+    assert fastest_fitting([measured(5_192_712, 5_300_000, 0.0), high], measured(5_192_712, 5_300_000, 0.0)).budget_bytes \
+        == 5_192_712, "a plan over its own budget stays in its row, so the breach shows"
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_measured_choices_are_monotone_as_the_budget_falls(seed: int) -> None:
+    rng = random.Random(seed)
+    plans = []
+    for budget in sorted(rng.sample(range(100, 200), 8), reverse=True):
+        plans.append(measured(budget, rng.randint(budget - 40, budget), rng.uniform(-1.0, 1.0)))
+    chosen = [fastest_fitting(plans, p) for p in plans]
+    for higher, lower, budget in zip(chosen, chosen[1:], [p.budget_bytes for p in plans[1:]]):
+        assert lower.report.measured_peak_bytes <= min(higher.report.measured_peak_bytes, budget)
+        assert lower.report.predicted_overhead_seconds >= higher.report.predicted_overhead_seconds
 
 
 class Terminal(io.StringIO):
