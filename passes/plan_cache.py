@@ -36,7 +36,7 @@ from .request import PlanRequest
 
 log = logging.getLogger(__name__)
 
-FORMAT = 6  # 6: programs compiled with each fused kernel at its last part (5: with the compiled program's peak)
+FORMAT = 7  # 7: no scratch for ops Inductor generates code for (6: fused kernels at their last part)
 OFF = ("0", "off", "false", "no", "")
 
 

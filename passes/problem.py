@@ -27,6 +27,7 @@ from .taxonomy import CATEGORY, classify, repeated_blocks
 # fraction of running it alone: its inputs are read anyway, its output is
 # never written.
 FUSED_RECOMPUTE_FRACTION = 0.1
+GENERATED_KINDS = frozenset({"pointwise", "reduction"})  # op kinds Inductor writes kernels for
 
 
 @dataclass
@@ -198,6 +199,15 @@ def cost_fields(cost: NodeCost, peaks: DevicePeaks, fusion: bool) -> dict:
         # a fused value is never written unless kept: keeping it costs a write and a read
         "save_seconds": 2 * cost.bytes / peaks.bytes_per_s if fused else 0.0,
     }
+
+
+def step_workspace(node: fx.Node, cost: NodeCost, fusion: bool) -> int:
+    """Scratch bytes the op holds while it runs. Under Inductor none for the ops it generates
+    code for (pointwise, reductions, its random prims): their only memory is the buffers the
+    wrapper allocates, which the model counts. Measured alone they may allocate temporaries
+    (a bool mask times a float tensor makes a float copy of the mask)."""
+    generated = cost.kind in GENERATED_KINDS or node.target in adapter.inductor_random_prims()
+    return 0 if fusion and generated else cost.workspace
 
 
 def forward_fields(node: fx.Node, costs: dict[str, NodeCost], order: Order, outputs: set[fx.Node],
@@ -389,7 +399,7 @@ def build_problem(graph: fx.Graph, node_info: adapter.NodeInfo, costs: dict[str,
             apply_fusion(node, fields[node], inlined, anywhere, order)
     inputs = [placeholder_value(n, costs[n.name], order) for n in graph.find_nodes(op="placeholder") if n.name in costs]
     values = inputs + [Value(**f) for f in fields.values()]
-    workspace = tuple(costs[n.name].workspace if n.name in costs else 0 for n in order.steps)
+    workspace = tuple(step_workspace(n, costs[n.name], fusion) if n.name in costs else 0 for n in order.steps)
     return Problem(values=tuple(values), num_forward_steps=len(order.forward), num_steps=len(order.steps),
                    workspace=workspace, step_names=tuple(n.name for n in order.steps),
                    meta={"device": str(device_of(graph))})

@@ -15,7 +15,8 @@ from tests.conftest import planned
 
 TINY = {"layers": 1, "d_model": 32, "heads": 4, "seq": 16, "vocab": 64, "batch": 4}
 SIZES = {"gpt": TINY, "gpt-softmax": TINY, "llama": TINY, "convnet": {"channels": 8, "blocks": 1, "image": 16,
-                                                                       "batch": 4}}
+                                                                       "batch": 4},
+         "mlp-dropout": {"batch": 64}}
 # Scratch inside aten.convolution_backward that no wrapper line shows (15,296 B measured at this size).
 CONV_SCRATCH = 16 * 1024
 
@@ -66,7 +67,7 @@ def test_a_capture_that_sees_no_program_fails_loudly() -> None:
         account.step_account(programs)
 
 
-@pytest.mark.parametrize("name", ["gpt", "gpt-softmax", "llama", "convnet"])
+@pytest.mark.parametrize("name", ["gpt", "gpt-softmax", "llama", "convnet", "mlp-dropout"])
 def test_remat_under_inductor_fits_the_budget_by_its_compiled_account(name: str) -> None:
     model, inputs = zoo.build(name, **SIZES[name])
     top = planned(name, "inductor", **SIZES[name])
@@ -79,8 +80,10 @@ def test_remat_under_inductor_fits_the_budget_by_its_compiled_account(name: str)
     measured = measured_peak(model, compiled, inputs)
     assert report.compiled_peak_bytes <= report.planned_budget_bytes
     assert measured <= report.budget_bytes
-    # exact on the transformer (SDPA's backward tuple freed with its name) and on the conv net,
-    # whose convolutions' scratch is measured channels-last, as Inductor lays them out
+    # exact on the transformer (SDPA's backward tuple freed with its name), on the conv net,
+    # whose convolutions' scratch is measured channels-last, as Inductor lays them out, and on
+    # the dropout MLP, whose mask multiply's eager scratch (the bool mask made float) Inductor's
+    # generated kernel does not hold
     assert name != "gpt" or report.recomputed  # the backward recomputes: the case the tuple rule fixed
     assert measured == report.compiled_peak_bytes
 

@@ -329,14 +329,16 @@ def is_collective(node: fx.Node) -> bool:
     return node.op == "call_function" and "c10d" in str(node.target)
 
 
+def inductor_random_prims() -> frozenset[Any]:
+    """Inductor's own random prims (its decomposition of dropout and rand): lowered to
+    generated code, never run as a kernel of their own."""
+    names = ("inductor_random", "inductor_randint", "inductor_seeds", "inductor_lookup_seed")
+    return frozenset(op for op in (getattr(torch.ops.prims, n, None) for n in names) if op is not None)
+
+
 def random_op_targets() -> frozenset[Any]:
     """Ops whose recomputation would draw fresh random numbers."""
-    extra = []
-    for name in ("inductor_random", "inductor_seeds", "inductor_lookup_seed"):
-        op = getattr(torch.ops.prims, name, None)
-        if op is not None:
-            extra.append(op)
-    return frozenset(OP_TYPES.random_ops) | frozenset(extra)
+    return frozenset(OP_TYPES.random_ops) | inductor_random_prims()
 
 
 def aten_packet(node: fx.Node) -> Any:
