@@ -1,13 +1,15 @@
-"""Inductor's kernel order against the plan's: each model planned with remat's scheduler pass and without.
+"""Inductor's kernel order against the plan's: each model planned with remat's scheduling rules and without.
 
     python -m bench.fused_order                       # gpt gpt-softmax llama vit convnet, the bench's CPU sizes
     python -m bench.fused_order --models gpt
 
-remat compiles its graphs with ``FusedAtLastPart`` (``passes/torch_adapter/inductor_order.py``):
-each fused kernel runs where its last part was, not its first. For each model, in one process
-(one profile: both variants plan with the same measured costs), this records the smallest
-feasible budget under Inductor and, at 0, 25 and 50 % of the way from it to store-all, the
-predicted and compiled peaks, with the pass (remat's default) and without (Inductor's order).
+remat compiles its graphs with two rules (``passes/torch_adapter/inductor_order.py``):
+``FusedAtLastPart``, each fused kernel runs where its last part was, not its first; and
+``LocalHorizontalFusion``, no horizontal fusion spans an extern kernel. For each model, in one
+process (one profile: every variant plans with the same measured costs), this records the
+smallest feasible budget under Inductor and, at 0, 25 and 50 % of the way from it to store-all,
+the predicted and compiled peaks: with Inductor's order and fusions, with the pass alone, and
+with both (remat's default).
 Writes <date>-cpu-fused-order.{json,md}, rewritten after each model.
 """
 
@@ -46,11 +48,18 @@ def planned(model: torch.nn.Module, inputs: tuple) -> dict:
     return row
 
 
+VARIANTS = ("inductor_order", "last_part", "last_part_local_fusion")
+
+
 def compare(name: str) -> dict:
     model, inputs = build(name, "cpu", SIZES["cpu"][name])
-    with mock.patch.dict(adapter.INDUCTOR_SETTINGS, {setting: None for setting in order_settings()}):
-        inductor = planned(model, inputs)
-    return {"model": name, "inductor_order": inductor, "last_part": planned(model, inputs)}
+    row = {"model": name}
+    with mock.patch.object(adapter, "INDUCTOR_CHOICES", None):
+        with mock.patch.dict(adapter.INDUCTOR_SETTINGS, {setting: None for setting in order_settings()}):
+            row["inductor_order"] = planned(model, inputs)
+        row["last_part"] = planned(model, inputs)
+    row["last_part_local_fusion"] = planned(model, inputs)
+    return row
 
 
 def lowest_compiled(row: dict) -> int:
@@ -62,7 +71,7 @@ def markdown(rows: list[dict]) -> str:
             "| at 50 % |\n|---|---|---|---|---|---|---|\n")
     lines = []
     for r in rows:
-        for order in ("inductor_order", "last_part"):
+        for order in VARIANTS:
             v = r[order]
             cells = [f"{v[f'at_{f}']['predicted_bytes'] / MIB:.2f} / {v[f'at_{f}']['compiled_bytes'] / MIB:.2f}"
                      for f in FRACTIONS]
@@ -77,10 +86,11 @@ def write(out: pathlib.Path, rows: list[dict], command: str) -> None:
     meta = {"date": today, "device": "cpu", "torch": torch.__version__, "threads": torch.get_num_threads(),
             "sizes": {r["model"]: SIZES["cpu"][r["model"]] for r in rows}, "command": command}
     (out / f"{today}-cpu-fused-order.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    text = (f"# Fused kernels at their last part or their first: CPU, {today}, torch {torch.__version__}\n\n"
+    text = (f"# Fused kernels at their last part or their first, local horizontal fusion: CPU, {today}, torch {torch.__version__}\n\n"
             f"Command: `{command}`\n\nOne process per run, one profile for both orders; Inductor; "
-            "the bench's CPU sizes. Budgets are fractions of the way from each order's own smallest "
-            "feasible budget to store-all.\n\n" + markdown(rows))
+            "the bench's CPU sizes. Budgets are fractions of the way from each variant's own smallest "
+            "feasible budget to store-all. Variants: Inductor's order and fusions; the last-part pass "
+            "alone; the pass and no horizontal fusion across an extern kernel (remat's default).\n\n" + markdown(rows))
     (out / f"{today}-cpu-fused-order.md").write_text(text)
 
 

@@ -194,15 +194,16 @@ def test_monotone_bench_judges_rows_from_the_highest_budget_down() -> None:
                                dict(row(80, 75, 2.0, 80), compiled_peak_bytes=80)]))["predicted monotone"]
 
 
-def test_fused_order_bench_plans_without_the_pass_then_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fused_order_bench_plans_without_the_rules_then_with_each(monkeypatch: pytest.MonkeyPatch) -> None:
     from bench import fused_order
     from remat.passes import torch_adapter as adapter
-    from remat.passes.torch_adapter.inductor_order import FusedAtLastPart
+    from remat.passes.torch_adapter.inductor_order import FusedAtLastPart, LocalHorizontalFusion
 
-    installed: list[list[object]] = []
+    installed: list[tuple[list[object], object]] = []
 
     def fake_planned(model: object, inputs: tuple) -> dict:
-        installed.append([adapter.INDUCTOR_SETTINGS.get(s) for s in fused_order.order_settings()])
+        installed.append(([adapter.INDUCTOR_SETTINGS.get(s) for s in fused_order.order_settings()],
+                          adapter.INDUCTOR_CHOICES))
         low = 100 - 10 * len(installed)
         return {"min_feasible_bytes": low * 2**20, "no_budget_compiled_bytes": 0,
                 **{f"at_{f}": {"budget_bytes": 0, "predicted_bytes": low * 2**20, "compiled_bytes": (low + i) * 2**20}
@@ -212,9 +213,11 @@ def test_fused_order_bench_plans_without_the_pass_then_with_it(monkeypatch: pyte
     monkeypatch.setattr(fused_order, "build", lambda name, device, size: (None, ()))
     before = dict(adapter.INDUCTOR_SETTINGS)
     row = fused_order.compare("gpt")
-    assert adapter.INDUCTOR_SETTINGS == before
-    if fused_order.order_settings():  # a torch with the hook: off for the first plan, remat's pass for the second
-        assert installed[0] == [None] and isinstance(installed[1][0], FusedAtLastPart)
+    assert adapter.INDUCTOR_SETTINGS == before and adapter.INDUCTOR_CHOICES is LocalHorizontalFusion
+    assert [choices for _, choices in installed] == [None, None, LocalHorizontalFusion]
+    if fused_order.order_settings():  # a torch with the hook: off for the first plan, remat's pass after
+        assert installed[0][0] == [None] and all(isinstance(s[0], FusedAtLastPart) for s, _ in installed[1:])
     assert fused_order.lowest_compiled(row["inductor_order"]) == 90 * 2**20
     table = fused_order.markdown([row])
     assert "| gpt | inductor order | 90.00 | 90.00 |" in table and "| gpt | last part | 80.00 | 80.00 |" in table
+    assert "| gpt | last part local fusion | 70.00 | 70.00 |" in table

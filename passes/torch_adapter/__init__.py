@@ -37,7 +37,7 @@ from torch._inductor import config as inductor_config
 from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 from torch.fx.experimental.proxy_tensor import is_sym_node
 
-from .inductor_order import order_settings
+from .inductor_order import LocalHorizontalFusion, fusion_choices, order_settings
 from .inductor_program import (  # re-exported: the adapter is one namespace
     _PARTITIONED_OUTPUTS,
     allocation_granularity,
@@ -102,6 +102,8 @@ GraphHook = Callable[[fx.GraphModule, str], object]
 # kernel runs where its last part was (``inductor_order``), so no recompute runs
 # earlier than the plan put it.
 INDUCTOR_SETTINGS = {"allow_buffer_reuse": False, **order_settings()}
+# ... and no horizontal fusion delays a kernel's outputs past an extern kernel (``inductor_order``).
+INDUCTOR_CHOICES: type | None = LocalHorizontalFusion
 
 
 def compile_inductor(
@@ -121,7 +123,8 @@ def compile_inductor(
         _PARTITIONED_OUTPUTS.append(output_names(graph))
         # Runs when the graph is compiled (the backward lazily, at its first
         # call), so the settings are applied here rather than around compile_fx.
-        with inductor_config.patch({**INDUCTOR_SETTINGS, "fx_graph_cache": fx_graph_cache}):
+        with inductor_config.patch({**INDUCTOR_SETTINGS, "fx_graph_cache": fx_graph_cache}), \
+                fusion_choices(INDUCTOR_CHOICES):
             return compile_fx_inner(graph, inputs, **kwargs)
 
     return compile_fx(gm, example_inputs, inner_compile=inner)
