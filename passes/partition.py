@@ -200,6 +200,9 @@ class Planner:
         self.given: tuple[dict, list[str]] | None = None
         # Set by the backend for each graph: the rank's memory outside it (budget_scope "rank"), or None
         self.scope: RankScope | None = None
+        # Set by the backend for each graph without a rank scope: bytes of the compiled module's
+        # parameters and buffers the graph does not read (held through its step all the same)
+        self.unread_state = 0
         # set by the backend (or the fitting loop) when the joint graph's capture begins
         self.capture_started: float | None = None
         self.chosen_at = 0.0  # when the last saved set was handed to torch
@@ -228,6 +231,10 @@ class Planner:
         plan.node_order = [n.name for n in joint_graph.nodes]
         plan.scope = self.scope
         self.note_rank(plan)
+        if self.unread_state:
+            note = (f"counted {format_bytes(self.unread_state)} of the module's parameters and buffers that "
+                    "this graph does not read (held through its step)")
+            plan.notes += [] if note in plan.notes else [note]
         if self.capture_started is not None:
             plan.timings = {"capture": entered - self.capture_started, **plan.timings}
         self.plans.append(plan)
@@ -266,6 +273,8 @@ class Planner:
             key = plan_cache.graph_key(joint_graph, self.request, plan_cache.graph_device(joint_graph))
             if self.scope is not None:  # planned for the rank: another rank layout is another plan
                 key["rank_scope"] = self.scope.key()
+            if self.unread_state:  # planned with other memory held: another plan
+                key["unread_state_bytes"] = self.unread_state
             cached = self.disk.load(key, joint_graph) if self.target is None else None
         if cached is not None:
             return self.plan_from_cache(cached, forward, joint_graph, node_info)
@@ -285,6 +294,8 @@ class Planner:
                                 policy=self.request.policy)
         if self.scope is not None:  # every memory row is the rank's
             problem = self.scope.applied(problem)
+        elif self.unread_state:  # every memory row holds the module's unread state
+            problem = replace(problem, outside_bytes=problem.outside_bytes + self.unread_state)
         return problem, costs
 
     def lowest_of(self, problem: Problem) -> Lowest:

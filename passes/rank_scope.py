@@ -81,6 +81,30 @@ def scope_of(gm: fx.GraphModule, example_inputs: Sequence[Any], budget_scope: st
     return None
 
 
+def unread_state_bytes(example_inputs: Sequence[Any]) -> int:
+    """Bytes of the compiled module's parameters and buffers that the graph does not take as
+    inputs (an unused buffer, a part another graph reads): held through the step, as the budget
+    counts the model's state, though no line of the graph's program allocates or reads them.
+    Each storage once; 0 when no module is being compiled (a function)."""
+    modules = adapter.modules_being_called()
+    if not modules:
+        return 0
+    read = {_storage_key(t) for t in example_inputs if isinstance(t, torch.Tensor)}
+    state: dict[tuple, int] = {}
+    for t in [*modules[0].parameters(), *modules[0].buffers()]:
+        key = _storage_key(t)
+        if key not in read and t.device.type != "meta":
+            state[key] = t.untyped_storage().nbytes()
+    return sum(state.values())
+
+
+def _storage_key(t: torch.Tensor) -> tuple:
+    try:
+        return (t.device.type, t.device.index, t.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):  # a fake or functional tensor holds no storage of its own
+        return ("id", id(t))
+
+
 def fsdp2_scope(groups: list[adapter.FsdpGroup], own_module: torch.nn.Module, root: torch.nn.Module,
                 compiled: torch.nn.Module, graph_params: int, inputs: int) -> RankScope:
     """FSDP2: ``own_module`` is the innermost FSDP module around the graph, whose group's

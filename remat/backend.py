@@ -63,6 +63,8 @@ class RematBackend:
         # what the rank holds outside this graph, when the budget is the rank's (read before
         # any exchange: every rank reads its own FSDP or DDP state)
         self.planner.scope = rank_scope.scope_of(gm, example_inputs, self.planner.request.budget_scope)
+        # the module's state the graph does not read is held all the same (a rank scope counts it already)
+        self.planner.unread_state = 0 if self.planner.scope else rank_scope.unread_state_bytes(example_inputs)
         agreement = ranks.Agreement.for_graph(gm.graph, self.planner.request)
         if agreement is not None and not agreement.decides:
             return self.follow(gm, example_inputs, agreement)

@@ -97,6 +97,19 @@ def test_the_smallest_feasible_budget_from_plan_is_accepted() -> None:
     assert measured_peak(model, compiled, inputs) <= remat.reports(compiled)[0].budget_bytes
 
 
+def test_module_state_the_graph_does_not_read_is_counted() -> None:
+    """A buffer no graph reads (HF Llama's ``original_inv_freq``) is held through the step, and
+    the budget counts the model's state: the compiled peak includes it, to the byte."""
+    model, inputs = zoo.build("gpt", **TINY)
+    model.register_buffer("unused", torch.zeros(4096))
+    torch._dynamo.reset()
+    compiled = remat.compile(model, plan_cache=False)
+    compiled(*inputs).backward()
+    report = remat.reports(compiled)[0]
+    assert report.compiled_peak_bytes == measured_peak(model, compiled, inputs)
+    assert any("16.000 KiB of the module's parameters and buffers" in n for n in report.notes), report.notes
+
+
 def program(inputs: dict[str, int], events: list[tuple], outputs: list[str], fx_inputs=None, fx_outputs=None):
     return account.Program(inputs=inputs, events=events, outputs=outputs,
                            fx_inputs=list(fx_inputs if fx_inputs is not None else inputs),
