@@ -35,7 +35,7 @@ try:
 except ImportError:  # a torch without out-of-tree fusion choices: Inductor's own
     InductorChoices = None
 
-__all__ = ["FusedAtLastPart", "LocalHorizontalFusion", "fusion_choices", "order_settings"]
+__all__ = ["FusedAtLastPart", "LocalHorizontalFusion", "fusion_choices", "has_fusion_choices", "order_settings"]
 
 # torch 2.13 checks a scheduler pass against CustomSchedulerPass for its cache key; earlier
 # versions against CustomGraphPass (the same two methods, a graph in place of the nodes).
@@ -127,10 +127,18 @@ def _spans_extern_kernel(scheduler: Any, node1: Any, node2: Any) -> bool:
     return i < len(orders) and orders[i] < high
 
 
-def fusion_choices(choices: type | None) -> contextlib.AbstractContextManager[Any]:
+def has_fusion_choices() -> bool:
+    """Whether this torch lets code outside it decide horizontal fusions."""
+    return InductorChoices is not None and hasattr(V, "set_choices_handler") \
+        and hasattr(InductorChoices, "can_fuse_horizontal")
+
+
+@contextlib.contextmanager
+def fusion_choices(choices: type | None) -> Iterator[None]:
     """Inductor decides fusions with ``choices`` in the block (with its own where this torch
     has no such hook, or ``choices`` is None)."""
-    if choices is None or InductorChoices is None or not hasattr(V, "set_choices_handler") \
-            or not hasattr(InductorChoices, "can_fuse_horizontal"):
-        return contextlib.nullcontext()
-    return V.set_choices_handler(choices())
+    if choices is None or not has_fusion_choices():
+        yield
+        return
+    with V.set_choices_handler(choices()):  # installed on entry, the prior handler restored on exit
+        yield
