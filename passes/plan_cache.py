@@ -36,7 +36,7 @@ from .request import PlanRequest
 
 log = logging.getLogger(__name__)
 
-FORMAT = 7  # 7: no scratch for ops Inductor generates code for (6: fused kernels at their last part)
+FORMAT = 7  # 7: no scratch for ops Inductor generates code for, no horizontal fusion across an extern kernel
 OFF = ("0", "off", "false", "no", "")
 
 

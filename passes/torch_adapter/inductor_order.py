@@ -16,6 +16,10 @@ to 32.23 MiB; on the explicit-softmax GPT it rose 1.4 %, and Llama-style, ViT an
 were unchanged (``python -m bench.fused_order``). It runs after fusion
 (``_post_fusion_custom_pass``), only while remat's graphs compile, and carries a ``uuid`` so
 that Inductor's FX graph cache keys on it.
+
+``LocalHorizontalFusion`` keeps fusions from undoing the same order: no horizontal fusion spans
+an extern kernel, since the fused kernel (at its last part) would carry the earlier part's
+outputs past it. Installed through Inductor's out-of-tree choices hook, for remat's graphs only.
 """
 
 from __future__ import annotations
