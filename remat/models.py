@@ -32,39 +32,44 @@ def _check_heads(d_model: int, heads: int) -> None:
 
 
 @dataclass(frozen=True)
-class GPTConfig:
-    """GPT-2 style decoder; ``attention`` is "sdpa" (fused) or "softmax" (explicit)."""
+class TransformerShape:
+    """What every transformer here is sized by; ``d_model`` splits evenly into ``heads``."""
 
     layers: int = 2
     d_model: int = 64
     heads: int = 4
+    batch: int = 2
+
+    def __post_init__(self) -> None:
+        _check_heads(self.d_model, self.heads)
+
+
+@dataclass(frozen=True)
+class GPTConfig(TransformerShape):
+    """GPT-2 style decoder; ``attention`` is "sdpa" (fused) or "softmax" (explicit)."""
+
     seq: int = 32
     vocab: int = 256
-    batch: int = 2
     mlp_ratio: int = 4
     dropout: float = 0.0
     attention: str = "sdpa"
 
     def __post_init__(self) -> None:
-        _check_heads(self.d_model, self.heads)
+        super().__post_init__()
         if self.attention not in ATTENTION_KINDS:
             raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {self.attention!r}")
 
 
 @dataclass(frozen=True)
-class LlamaConfig:
+class LlamaConfig(TransformerShape):
     """Llama style decoder: RMSNorm, rotary embeddings, SwiGLU, no biases."""
 
-    layers: int = 2
-    d_model: int = 64
-    heads: int = 4
     seq: int = 32
     vocab: int = 256
-    batch: int = 2
     hidden: int = 172
 
     def __post_init__(self) -> None:
-        _check_heads(self.d_model, self.heads)
+        super().__post_init__()
         if (self.d_model // self.heads) % 2:
             raise ValueError("rotary embeddings need an even head dimension")
 
@@ -81,19 +86,15 @@ class ConvNetConfig:
 
 
 @dataclass(frozen=True)
-class ViTConfig:
+class ViTConfig(TransformerShape):
     """Vision transformer classifier with a cls token."""
 
-    layers: int = 2
-    d_model: int = 64
-    heads: int = 4
     patch: int = 4
     image: int = 16
     classes: int = 10
-    batch: int = 2
 
     def __post_init__(self) -> None:
-        _check_heads(self.d_model, self.heads)
+        super().__post_init__()
         if self.image % self.patch:
             raise ValueError(f"image={self.image} is not divisible by patch={self.patch}")
 
