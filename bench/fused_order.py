@@ -87,7 +87,7 @@ def write(out: pathlib.Path, rows: list[dict], command: str) -> None:
             "sizes": {r["model"]: SIZES["cpu"][r["model"]] for r in rows}, "command": command}
     (out / f"{today}-cpu-fused-order.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     text = (f"# Fused kernels at their last part or their first, local horizontal fusion: CPU, {today}, torch {torch.__version__}\n\n"
-            f"Command: `{command}`\n\nOne process per run, one profile for both orders; Inductor; "
+            f"Command: `{command}`\n\nOne process per model, one profile for every variant; Inductor; "
             "the bench's CPU sizes. Budgets are fractions of the way from each variant's own smallest "
             "feasible budget to store-all. Variants: Inductor's order and fusions; the last-part pass "
             "alone; the pass and no horizontal fusion across an extern kernel (remat's default).\n\n" + markdown(rows))
