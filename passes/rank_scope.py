@@ -89,20 +89,19 @@ def unread_state_bytes(example_inputs: Sequence[Any]) -> int:
     modules = adapter.modules_being_called()
     if not modules:
         return 0
-    read = {_storage_key(t) for t in example_inputs if isinstance(t, torch.Tensor)}
-    state: dict[tuple, int] = {}
-    for t in [*modules[0].parameters(), *modules[0].buffers()]:
-        key = _storage_key(t)
-        if key not in read and t.device.type != "meta":
-            state[key] = t.untyped_storage().nbytes()
-    return sum(state.values())
+    read = {_storage_of(t)[0] for t in example_inputs if isinstance(t, torch.Tensor)}
+    state = dict(_storage_of(t) for t in [*modules[0].parameters(), *modules[0].buffers()])
+    return sum(nbytes for key, nbytes in state.items() if key not in read)
 
 
-def _storage_key(t: torch.Tensor) -> tuple:
+def _storage_of(t: torch.Tensor) -> tuple[tuple, int]:
+    """(what identifies ``t``'s storage, its bytes); a tensor without a plain storage of its own
+    (meta, fake, a subclass such as DTensor) counts 0 bytes."""
     try:
-        return (t.device.type, t.device.index, t.untyped_storage().data_ptr())
-    except (RuntimeError, NotImplementedError):  # a fake or functional tensor holds no storage of its own
-        return ("id", id(t))
+        storage = t.untyped_storage()
+        return (t.device.type, t.device.index, storage.data_ptr()), (0 if t.device.type == "meta" else storage.nbytes())
+    except (RuntimeError, NotImplementedError, TypeError):
+        return ("id", id(t)), 0
 
 
 def fsdp2_scope(groups: list[adapter.FsdpGroup], own_module: torch.nn.Module, root: torch.nn.Module,

@@ -64,3 +64,17 @@ def test_no_fsdp_or_ddp_around_a_graph_means_no_rank_scope() -> None:
 def test_budget_scope_is_checked() -> None:
     with pytest.raises(ValueError, match="budget_scope must be one of"):
         remat.Options(budget_scope="node")
+
+
+def test_unread_state_counts_each_storage_the_graph_does_not_take_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4, bias=False))
+    model[1].weight = model[0].weight  # tied: one storage
+    model.register_buffer("unused", torch.zeros(8))
+    model.register_buffer("on_meta", torch.zeros(1000, device="meta"))
+    monkeypatch.setattr(rank_scope.adapter, "modules_being_called", lambda: [model])
+    weight, bias = model[0].weight, model[0].bias
+    assert rank_scope.unread_state_bytes([weight, bias]) == 8 * 4  # the unused buffer; meta holds nothing
+    assert rank_scope.unread_state_bytes([bias]) == 16 * 4 + 8 * 4  # the tied weight counted once
+    assert rank_scope.unread_state_bytes([weight.detach(), bias, model.unused]) == 0  # a view reads its storage
+    monkeypatch.setattr(rank_scope.adapter, "modules_being_called", lambda: [])
+    assert rank_scope.unread_state_bytes([]) == 0  # a function, not a module
