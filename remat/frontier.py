@@ -11,7 +11,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -233,7 +233,7 @@ def measure_frontier(frontier: Frontier, model: Callable[..., Any], inputs: Sequ
         frontier.reports[index] = chosen.report
 
 
-def fastest_fitting(candidates: Any, mine: MeasuredPlan) -> MeasuredPlan:
+def fastest_fitting(candidates: Iterable[MeasuredPlan], mine: MeasuredPlan) -> MeasuredPlan:
     """The first-ranked plan whose measured peak fits ``mine``'s budget. A budget whose own plan
     measured over it keeps that plan, so the breach shows in its row."""
     if not mine.fits(mine.budget_bytes):
