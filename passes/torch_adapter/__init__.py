@@ -332,6 +332,7 @@ def is_collective(node: fx.Node) -> bool:
     return node.op == "call_function" and "c10d" in str(node.target)
 
 
+@functools.cache
 def inductor_random_prims() -> frozenset[Any]:
     """Inductor's own random prims (its decomposition of dropout and rand): lowered to
     generated code, never run as a kernel of their own."""
