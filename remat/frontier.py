@@ -173,10 +173,7 @@ def spread(report: Report, points: int) -> list[float]:
 def row(budget_gb: float, result: Report | ValueError) -> dict[str, Any]:
     if isinstance(result, Report):
         return {"budget_gb": budget_gb, "budget_bytes": result.budget_bytes, "feasible": True,
-                "status": result.solver_status, "predicted_peak_bytes": result.predicted_peak_bytes,
-                "predicted_overhead_seconds": result.predicted_overhead_seconds,
-                "recomputed": len(result.recomputed), "kept": len(result.saved),
-                "solve_seconds": result.solve_seconds, "mip_gap": result.mip_gap}
+                **plan_fields(result)}
     budget = result.budget_bytes if isinstance(result, BudgetError) else int(budget_gb * GIB)
     return {"budget_gb": budget_gb, "budget_bytes": budget, "feasible": False, "status": "infeasible",
             "predicted_peak_bytes": None, "predicted_overhead_seconds": None, "recomputed": None, "kept": None,
@@ -247,12 +244,17 @@ def measured_row(chosen: MeasuredPlan, mine: MeasuredPlan) -> dict[str, Any]:
     """A row's figures for the plan it holds: the compiled plan (which the fitting loop may have
     made tighter than the solve at this budget), its measured peak and step time."""
     r = chosen.report
-    return {"status": r.solver_status, "predicted_peak_bytes": r.predicted_peak_bytes,
-            "predicted_overhead_seconds": r.predicted_overhead_seconds, "recomputed": len(r.recomputed),
-            "kept": len(r.saved), "solve_seconds": r.solve_seconds, "mip_gap": r.mip_gap,
-            "compiled_peak_bytes": r.compiled_peak_bytes, "measured_peak_bytes": r.measured_peak_bytes,
+    return {**plan_fields(r), "compiled_peak_bytes": r.compiled_peak_bytes, "measured_peak_bytes": r.measured_peak_bytes,
             "step_seconds": chosen.seconds, "plan_budget_bytes": chosen.budget_bytes,
             "own_plan_measured_peak_bytes": mine.report.measured_peak_bytes}
+
+
+def plan_fields(report: Report) -> dict[str, Any]:
+    """A row's figures of the plan a report describes (its solve, peak, time and decisions)."""
+    return {"status": report.solver_status, "predicted_peak_bytes": report.predicted_peak_bytes,
+            "predicted_overhead_seconds": report.predicted_overhead_seconds,
+            "recomputed": len(report.recomputed), "kept": len(report.saved),
+            "solve_seconds": report.solve_seconds, "mip_gap": report.mip_gap}
 
 
 def measure_step(model: Callable[..., Any], inputs: Sequence[Any], options: Options,
