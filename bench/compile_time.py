@@ -119,7 +119,8 @@ def first_step(spec: dict[str, Any]) -> dict[str, Any]:
                               "torch_caches": torch_cache_counts()}
     if spec["compiler"] == "remat":
         report = remat.reports(compiled)[0]
-        result.update(plan_cache=report.plan_cache, recomputed=len(report.recomputed))
+        result.update(plan_cache=report.plan_cache, recomputed=len(report.recomputed),
+                      timings={phase: round(seconds, 3) for phase, seconds in report.timings.items()})
     return result
 
 

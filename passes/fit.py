@@ -58,7 +58,8 @@ def compile_given(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Pl
     """Compile ``gm`` with the plan the planner was given (``planner.given``: rank 0 fitted it
     to the budget), once: every rank compiles the same program."""
     compiled, plan, _ = compile_once(gm, example_inputs, planner, compile_graph)
-    plan.compile_attempts = 1
+    if plan is not None:
+        plan.compile_attempts = 1
     return compiled
 
 
@@ -72,6 +73,8 @@ def fit(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
         attempt += 1
         planner.target = target
         compiled, plan, peak = compile_once(gm, example_inputs, planner, compile_graph)
+        if plan is None:  # an inference graph (no grad): nothing to plan or fit
+            return compiled
         plan.compile_attempts = attempt
         for phase, seconds in plan.timings.items():
             spent[phase] = spent.get(phase, 0.0) + seconds
@@ -134,7 +137,7 @@ def lowest_compiled_peak(gm: fx.GraphModule, example_inputs: Sequence[Any], plan
 
 
 def compile_once(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
-                 compile_graph: Compile) -> tuple[Callable[..., Any], GraphPlan, int]:
+                 compile_graph: Compile) -> tuple[Callable[..., Any], GraphPlan | None, int]:
     """Plan and compile a copy of ``gm`` (Inductor's pre-grad passes rewrite it in place);
     the compiled callable, its plan, and the peak of the program Inductor generated.
 
@@ -143,6 +146,8 @@ def compile_once(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Pla
     off, so that its program is generated and accounted for."""
     planned = len(planner.plans)
     compiled, plan, programs = compile_recorded(gm, example_inputs, planner, compile_graph)
+    if plan is None:
+        return compiled, None, 0
     if len(programs) < 2:  # Inductor's cache had the program: no code to read
         # a plan loaded (from the plan cache, or from rank 0) carries its program's account
         if plan.plan_cache in ("hit", "rank 0") and plan.compiled_peak_bytes is not None:
@@ -162,12 +167,16 @@ def compile_once(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Pla
 
 
 def compile_recorded(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, compile_graph: Compile,
-                     **options: Any) -> tuple[Callable[..., Any], GraphPlan, list]:
-    """Compile a copy of ``gm``; the callable, the plan it got (its Inductor seconds recorded) and
-    the programs Inductor generated for it (none when its cache had them)."""
+                     **options: Any) -> tuple[Callable[..., Any], GraphPlan | None, list]:
+    """Compile a copy of ``gm``; the callable, the plan it got (its Inductor seconds recorded;
+    None for an inference graph, which has no backward to plan) and the programs Inductor
+    generated for it (none when its cache had them)."""
     planner.capture_started = time.perf_counter()
+    planned = len(planner.plans)
     with account.capture_programs() as programs:
         compiled = compile_graph(copy.deepcopy(gm), example_inputs, on_graph=planner.on_graph, **options)
+    if len(planner.plans) == planned:
+        return compiled, None, programs
     plan = planner.plans[-1]
     plan.timings["inductor"] = time.perf_counter() - planner.chosen_at
     return compiled, plan, programs

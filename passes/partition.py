@@ -43,6 +43,11 @@ class PlanComplete(Exception):
     """Stops compilation once a graph is planned (``remat.plan`` runs nothing)."""
 
 
+class ProgramMiss(Exception):
+    """Stops a compile that was to load its program from AOTAutograd's cache (``passes/program_cache.py``)
+    when torch's partitioner is reached instead: the cache did not have it."""
+
+
 @dataclass(eq=False)
 class GraphPlan:
     """Everything remat decided, predicted and learned for one joint graph: plain data.
@@ -103,6 +108,8 @@ class GraphPlan:
 
 MIN_FEASIBLE = ("min_feasible_bytes", "min_feasible_exact", "min_feasible_solve_seconds")
 MIN_CUT = ("min_cut_peak_bytes", "min_cut_overhead_seconds", "min_cut_seconds")
+# torch's min-cut decision needs the joint graph, which a program loaded whole never traces
+NO_MIN_CUT = {"min_cut_peak_bytes": None, "min_cut_overhead_seconds": None, "min_cut_seconds": 0.0}
 PEER_RULES = ("peer_rules",)
 
 
@@ -195,6 +202,9 @@ class Planner:
         self.storing = True
         # A plan made already, to hand out again at the next call (its graph compiled once more)
         self.replay: GraphPlan | None = None
+        # True while a compile is to load its program whole (passes/program_cache.py): reaching
+        # the partitioner means it was not there
+        self.expect_program = False
         # Under torch.distributed, on ranks other than 0: rank 0's plan record and its joint
         # graph's node names, for the next graph (remat/backend.py)
         self.given: tuple[dict, list[str]] | None = None
@@ -216,6 +226,8 @@ class Planner:
         self.disk = plan_cache.PlanCache(folder) if folder is not None else None
 
     def choose(self, joint_graph: fx.Graph, node_info: adapter.NodeInfo) -> list[fx.Node]:
+        if self.expect_program:
+            raise ProgramMiss
         entered = time.perf_counter()
         # A plan holds for the sizes it was made at: under a budget, dynamic
         # sizes are pinned (guarded), so another size compiles and plans anew.
@@ -248,7 +260,7 @@ class Planner:
         """The plan rank 0 compiled for this graph (``passes/ranks.py``), nothing profiled or solved."""
         (record, names), self.given = self.given, None
         cached = plan_cache.plan_of_record(ranks.in_own_names(record, names, joint_graph))
-        plan = self.plan_from_cache(cached, forward, joint_graph, node_info)
+        plan = self.plan_from_cache(cached, forward, torch_min_cut(joint_graph, node_info))
         plan.plan_cache = "rank 0"
         plan.notes.append(f"saved set decided by rank 0 of {ranks.world()[1]} and sent to every rank")
         return plan
@@ -277,7 +289,7 @@ class Planner:
                 key["unread_state_bytes"] = self.unread_state
             cached = self.disk.load(key, joint_graph) if self.target is None else None
         if cached is not None:
-            return self.plan_from_cache(cached, forward, joint_graph, node_info)
+            return self.plan_from_cache(cached, forward, torch_min_cut(joint_graph, node_info))
         plan = self.make_plan(joint_graph, node_info, forward)
         if specialized:
             plan.notes.append("dynamic sizes pinned: each new size is planned under the budget again")
@@ -328,9 +340,9 @@ class Planner:
         self.defer_figures(plan, min_cut)
         return plan
 
-    def plan_from_cache(self, cached: plan_cache.CachedPlan, forward: set[str], joint_graph: fx.Graph,
-                        node_info: adapter.NodeInfo) -> GraphPlan:
-        """A GraphPlan from disk: the stored problem and decision, nothing profiled or solved."""
+    def plan_from_cache(self, cached: plan_cache.CachedPlan, forward: set[str], min_cut: MinCut | None) -> GraphPlan:
+        """A GraphPlan from disk: the stored problem and decision, nothing profiled or solved
+        (``min_cut`` None: no joint graph to ask torch's partitioner about)."""
         problem = cached.problem
         facts = {**cached.solution, "status": Status(cached.solution["status"]),
                  "notes": tuple(cached.solution["notes"])}
@@ -338,10 +350,24 @@ class Planner:
         plan = GraphPlan(problem, solution, store_all(problem), self.request, cached.target, forward,
                          set(cached.random), self.lowest_of(problem), notes=list(cached.notes), plan_cache="hit",
                          figures=dict(cached.figures), compiled_peak_bytes=cached.compiled_peak)
-        self.defer_figures(plan, torch_min_cut(joint_graph, node_info))
+        if min_cut is None:
+            plan.figures = {**NO_MIN_CUT, **plan.figures}
+        self.defer_figures(plan, min_cut)
         return plan
 
-    def defer_figures(self, plan: GraphPlan, min_cut: MinCut) -> None:
+    def loaded_plan(self, cached: plan_cache.CachedPlan, seconds: float) -> GraphPlan:
+        """The plan of a program AOTAutograd's cache loaded whole: its report from the stored plan."""
+        plan = self.plan_from_cache(cached, set(), None)
+        plan.plan_cache = "program"
+        plan.timings = {"cached program": seconds}
+        plan.graphs = dict.fromkeys(("forward", "backward"))  # nothing more arrives for it: complete
+        plan.notes.append("plan and program loaded from remat's plan cache and AOTAutograd's cache: nothing "
+                          "traced, profiled, solved or compiled (torch's min-cut figures need the joint graph)")
+        self.note_rank(plan)
+        self.plans.append(plan)
+        return plan
+
+    def defer_figures(self, plan: GraphPlan, min_cut: MinCut | None) -> None:
         """The smallest feasible budget, torch's min-cut plan and the peers' rules in the model,
         computed when first read (those not already known, for a plan from the cache)."""
         known = set(plan.figures)

@@ -89,7 +89,7 @@ def cache_dir(setting: bool | str | os.PathLike[str]) -> Path | None:
 def graph_key(graph: fx.Graph, request: PlanRequest, device: str) -> dict[str, Any]:
     """Everything a plan depends on, as plain data."""
     return {"format": FORMAT, "graph": graph_fingerprint(graph), **request_key(request), "device": device,
-            "torch": torch.__version__, "remat": _remat_version()}
+            "torch": torch.__version__, "remat": remat_version()}
 
 
 def request_key(request: PlanRequest) -> dict[str, Any]:
@@ -147,7 +147,9 @@ class PlanCache:
     def path_for(self, key: dict[str, Any]) -> Path:
         return self.folder / f"{_digest(key)[:32]}.json"
 
-    def load(self, key: dict[str, Any], graph: fx.Graph) -> CachedPlan | None:
+    def load(self, key: dict[str, Any], graph: fx.Graph | None) -> CachedPlan | None:
+        """The plan stored under ``key``; with ``graph``, only if it names nodes ``graph`` has
+        (None: a program-cache index entry, read before any joint graph exists)."""
         path = self.path_for(key)
         if not path.exists():
             return None
@@ -157,7 +159,7 @@ class PlanCache:
         except (OSError, ValueError, TypeError, KeyError) as exc:
             log.warning("remat: ignoring plan cache file %s: %s", path, exc)
             return None
-        missing = (plan.saved | plan.recomputed) - {n.name for n in graph.nodes}
+        missing = set() if graph is None else (plan.saved | plan.recomputed) - {n.name for n in graph.nodes}
         if missing:
             log.warning("remat: ignoring plan cache file %s: it names nodes the graph lacks %s", path, sorted(missing)[:3])
             return None
@@ -218,7 +220,7 @@ def _digest(data: Any) -> str:
 
 
 @functools.cache
-def _remat_version() -> str:
+def remat_version() -> str:
     """The version plus a hash of the sources a plan depends on (these passes and the
     solvers): an edited checkout plans anew."""
     import remat.solvers

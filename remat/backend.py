@@ -16,7 +16,7 @@ import torch.fx as fx
 from remat.passes import torch_adapter as adapter
 from remat.solvers.errors import GraphError
 from remat.passes.eager_compiler import compile_eager
-from remat.passes import plan_cache, rank_scope, ranks
+from remat.passes import plan_cache, program_cache, rank_scope, ranks
 from remat.passes.fit import compile_fitted, compile_given, defer_min_feasible
 from remat.passes.partition import GraphPlan, PlanComplete, Planner
 
@@ -69,8 +69,10 @@ class RematBackend:
         if agreement is not None and not agreement.decides:
             return self.follow(gm, example_inputs, agreement)
         planned = len(self.planner.plans)
+        # read before remat's compile turns AOTAutograd's cache off
+        programs = not self.stop_after_plan and program_cache.usable(self.planner, example_inputs)
         try:
-            compiled = self.compile(gm, example_inputs)
+            compiled = self.compile(gm, example_inputs, programs=programs)
         except PlanComplete:
             self.tell(agreement, planned)
             raise
@@ -81,19 +83,29 @@ class RematBackend:
         self.tell(agreement, planned)
         return compiled
 
-    def compile(self, gm: fx.GraphModule, example_inputs: Sequence[Any], *, given: bool = False) -> Callable[..., Any]:
-        """Plan and compile one captured graph; ``given``: with the plan the planner was handed."""
+    def compile(self, gm: fx.GraphModule, example_inputs: Sequence[Any], *, given: bool = False,
+                programs: bool = False) -> Callable[..., Any]:
+        """Plan and compile one captured graph; ``given``: with the plan the planner was handed;
+        ``programs``: load and publish whole programs (``passes/program_cache.py``)."""
         self.planner.capture_started = time.perf_counter()
+        planned = len(self.planner.plans)
         with adapter.saved_values_chooser(self.planner.choose):
             if self.options.compiler == "eager":
                 return compile_eager(gm, example_inputs, on_graph=self.planner.on_graph)
+            loaded = program_cache.load(gm, example_inputs, self.planner, adapter.compile_inductor) if programs else None
+            if loaded is not None:
+                return loaded
             # Inductor: compile, account for the program it generated, plan tighter while it is over
             # (rank 0 did that for a given plan: it is compiled as it is)
             fitted = compile_given if given else compile_fitted
             compiled = fitted(gm, example_inputs, self.planner, adapter.compile_inductor)
+            if len(self.planner.plans) == planned:  # an inference graph (no grad): nothing planned
+                return compiled
             if self.stop_after_plan:  # remat.plan: its smallest feasible budget is the compiled one
                 defer_min_feasible(gm, example_inputs, self.planner, adapter.compile_inductor)
                 raise PlanComplete
+            if programs:  # the next process loads this plan's program whole
+                return program_cache.publish(gm, example_inputs, self.planner, adapter.compile_inductor)
             return compiled
 
     def tell(self, agreement: ranks.Agreement | None, planned: int) -> None:

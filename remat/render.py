@@ -148,6 +148,9 @@ def cost_rows(report: Report) -> list[tuple[str, str]]:
                           f"{report.candidates} candidates" + (f", on {report.device}" if report.device else ""))]
     if report.plan_cache == "hit":
         out.append(("plan cache", "loaded from disk: solve and profile times are those of the stored plan"))
+    elif report.plan_cache == "program":
+        out.append(("plan cache", "plan and compiled program loaded from disk: solve and profile times are "
+                                  "those of the stored plan"))
     return out
 
 

@@ -79,7 +79,8 @@ class Report(Deferring):
     measured_peak_bytes: int | None = None
     profile_seconds: float = 0.0
     # wall seconds of this graph's compile by phase: capture (AOTAutograd's joint graph),
-    # profile, solve, inductor (code generation; every plan compiled to fit the budget)
+    # profile, solve, inductor (code generation; every plan compiled to fit the budget), program
+    # cache (the accepted program put in AOTAutograd's cache); or only "cached program" (loaded whole)
     timings: dict[str, float] = field(default_factory=dict)
     # under torch.distributed: this process's rank and the ranks that share the plan (rank 0's)
     rank: int = 0
@@ -96,7 +97,9 @@ class Report(Deferring):
     joint_graph_steps: int = 0
     candidates: int = 0
     device: str = ""
-    plan_cache: str = ""  # "stored" when written to the plan cache, "hit" when loaded from it
+    # "stored" when written to the plan cache, "hit" when loaded from it, "program" when its
+    # compiled program was loaded too (AOTAutograd's cache: nothing traced or compiled)
+    plan_cache: str = ""
     notes: list[str] = field(default_factory=list)
     # Memory over the step (bytes), for ``plot``: point i covers steps
     # timeline_steps[i] up to the next point and holds their maximum.

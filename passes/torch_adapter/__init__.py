@@ -34,6 +34,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch import config as functorch_config
 from torch._functorch import partitioners as _partitioners
 from torch._inductor import config as inductor_config
+from torch._inductor import custom_graph_pass
 from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 from torch.fx.experimental.proxy_tensor import is_sym_node
 
@@ -123,11 +124,56 @@ def compile_inductor(
         _PARTITIONED_OUTPUTS.append(output_names(graph))
         # Runs when the graph is compiled (the backward lazily, at its first
         # call), so the settings are applied here rather than around compile_fx.
-        with inductor_config.patch({**INDUCTOR_SETTINGS, "fx_graph_cache": fx_graph_cache}), \
+        with inductor_config.patch({**INDUCTOR_SETTINGS, "fx_graph_cache": fx_graph_cache, **_without_plan_key()}), \
                 fusion_choices(INDUCTOR_CHOICES):
             return compile_fx_inner(graph, inputs, **kwargs)
 
     return compile_fx(gm, example_inputs, inner_compile=inner)
+
+
+class _PlanKey(custom_graph_pass.CustomGraphPass):
+    """Names a plan in AOTAutograd's cache key. It sits in an Inductor setting only while that
+    key is made: ``compile_inductor`` takes it out before Inductor's own passes, so it never
+    runs and no FX graph cache key sees it (a program's FX entries are shared by every plan
+    that yields the same graph)."""
+
+    def __init__(self, digest: str) -> None:
+        self.digest = digest
+
+    def __call__(self, graph: fx.Graph) -> None:
+        return None
+
+    def uuid(self) -> str:
+        return f"remat.plan.{self.digest}"
+
+
+_PLAN_KEY_SETTING = "post_grad_custom_post_pass"
+
+
+def _without_plan_key() -> dict[str, Any]:
+    """The setting that carried a plan's key, emptied again (nothing else was there)."""
+    return {_PLAN_KEY_SETTING: None} if isinstance(getattr(inductor_config, _PLAN_KEY_SETTING, None), _PlanKey) else {}
+
+
+def program_cache_usable() -> bool:
+    """Whether AOTAutograd's local cache is on in this process (call it outside remat's
+    compile, which turns the cache off), and the setting that carries the plan's key is free
+    (a post-grad pass of the user's would be dropped from Inductor's key)."""
+    from torch._functorch._aot_autograd.autograd_cache import should_use_local_autograd_cache
+
+    return should_use_local_autograd_cache() and getattr(inductor_config, _PLAN_KEY_SETTING, 0) is None
+
+
+@contextlib.contextmanager
+def program_cache(digest: str) -> Iterator[None]:
+    """AOTAutograd's cache on in the block, its key naming the plan ``digest`` beside the
+    dynamo graph, its inputs and the settings: a hit loads the forward and backward programs
+    compiled for that plan (nothing traced, partitioned or generated); a miss compiles and
+    saves them under that key. The backward is compiled with the forward, so the entry is
+    saved by the time the compile returns."""
+    with functorch_config.patch(enable_autograd_cache=True, force_non_lazy_backward_lowering=True), \
+            inductor_config.patch({**INDUCTOR_SETTINGS, "fx_graph_cache": True, _PLAN_KEY_SETTING: _PlanKey(digest)}):
+        yield
 
 
 def compiling_ddp_bucket() -> bool:

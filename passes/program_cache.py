@@ -1,0 +1,127 @@
+"""Compiled programs reused across processes: AOTAutograd's cache, keyed on remat's plan.
+
+A warm ``torch.compile`` loads each graph's forward and backward programs from AOTAutograd's
+cache: no joint trace, no partitioner, no Inductor. That cache keys on the dynamo graph, its
+inputs and the settings, not on the saved set a partitioner chose, so a hit made under
+another plan would run that plan's program; remat kept the cache off and a warm compile
+traced and partitioned again (2 to 3.3x a warm ``torch.compile``'s first step on the CPU).
+
+Here the cache is on, and its key names the plan:
+
+- after the fitting loop accepts a plan, the graph is compiled once more with AOTAutograd's
+  cache on and the plan's digest in its key (``torch_adapter.program_cache``); Inductor's
+  programs come from its FX graph cache, so this costs a trace and a partition. The plan is
+  stored in remat's plan cache under what is known before anything is traced: the dynamo
+  graph, its inputs, the request, grad mode and autocast (:func:`program_key`);
+- a later compile of the same graph and request reads that plan and asks AOTAutograd's cache
+  for its program. On a hit nothing is traced, profiled, solved or compiled, and the report
+  comes from the stored plan (torch's min-cut figures, which need the joint graph, are not
+  known). On a miss (the entry evicted) the partitioner is reached, the compile stops there
+  and remat plans as without this cache (one trace lost).
+
+Another budget or request is another entry of the plan cache; another plan is another key of
+AOTAutograd's: a program is never loaded for a plan it was not compiled for. Off where the
+plan cache is off, under torch.distributed with more than one rank, and where AOTAutograd's
+cache is off (``torch.compiler.config.force_disable_caches``, ``TORCHINDUCTOR_AUTOGRAD_CACHE=0``).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from . import plan_cache, ranks
+from . import torch_adapter as adapter
+from .partition import Planner, ProgramMiss
+
+log = logging.getLogger(__name__)
+
+Compile = Callable[..., Callable[..., Any]]
+
+
+def usable(planner: Planner, example_inputs: Sequence[Any]) -> bool:
+    """Whether programs may be loaded and published for this graph of ``planner``'s (call it
+    before remat's compile begins: that turns AOTAutograd's cache off). Not for symbolic
+    sizes: remat pins them when it plans (``adapter.specialize_sizes``), which a program
+    loaded whole would skip."""
+    return (planner.disk is not None and planner.request.compiler == "inductor" and planner.scope is None
+            and not planner.stop_after_plan and ranks.world()[1] == 1 and all(map(_static, example_inputs))
+            and adapter.program_cache_usable())
+
+
+def _static(value: Any) -> bool:
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return False
+    if isinstance(value, torch.Tensor):
+        return not any(isinstance(n, torch.SymInt) for n in (*value.shape, *value.stride()))
+    return True
+
+
+def program_key(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner) -> dict[str, Any]:
+    """What a plan depends on, known before the joint graph is traced."""
+    autocast = [(d, torch.get_autocast_dtype(d).__repr__()) for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)]
+    key = {"format": plan_cache.FORMAT, "program": plan_cache.graph_fingerprint(gm.graph),
+            "inputs": plan_cache.describe(list(example_inputs)),
+            "requires_grad": [getattr(x, "requires_grad", None) for x in example_inputs],
+            **plan_cache.request_key(planner.request),
+            "grad": torch.is_grad_enabled(), "autocast": autocast, "unread_state_bytes": planner.unread_state,
+            "torch": torch.__version__, "remat": plan_cache.remat_version()}
+    return json.loads(json.dumps(key))  # as a stored key reads back (tuples as lists)
+
+
+def plan_digest(cached: plan_cache.CachedPlan) -> str:
+    """What distinguishes one plan's program from another's for the same graph."""
+    decision = {"format": plan_cache.FORMAT, "saved": sorted(cached.saved), "recomputed": sorted(cached.recomputed),
+                "random": sorted(cached.random)}
+    return hashlib.sha256(json.dumps(decision, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def load(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
+         compile_graph: Compile) -> Callable[..., Any] | None:
+    """The compiled graph loaded whole for the plan stored under its program key, or None
+    (no plan stored, or AOTAutograd's cache lacks its program)."""
+    assert planner.disk is not None
+    cached = planner.disk.load(program_key(gm, example_inputs, planner), None)
+    if cached is None or cached.compiled_peak is None:
+        return None
+    t0 = time.perf_counter()
+    planner.expect_program = True
+    try:
+        with adapter.program_cache(plan_digest(cached)):
+            compiled = compile_graph(copy.deepcopy(gm), example_inputs, on_graph=planner.on_graph)
+    except ProgramMiss:
+        log.info("remat: AOTAutograd's cache lacks the stored plan's program; planning the graph again")
+        return None
+    finally:
+        planner.expect_program = False
+    planner.loaded_plan(cached, time.perf_counter() - t0)
+    return compiled
+
+
+def publish(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
+            compile_graph: Compile) -> Callable[..., Any]:
+    """Compile the graph's accepted plan (the planner's last) once more into AOTAutograd's cache
+    under its digest, and store the plan under the graph's program key; the callable compiled."""
+    assert planner.disk is not None
+    plan = planner.plans[-1]
+    cached = plan_cache.entry_of(plan)
+    timings, planned = dict(plan.timings), len(planner.plans)
+    t0 = time.perf_counter()
+    planner.replay = plan
+    try:
+        with adapter.program_cache(plan_digest(cached)):
+            compiled = compile_graph(copy.deepcopy(gm), example_inputs, on_graph=planner.on_graph)
+    finally:
+        planner.replay = None
+        del planner.plans[planned:]  # the same plan, handed out again
+    plan.timings = {**timings, "program cache": time.perf_counter() - t0}
+    planner.disk.store(program_key(gm, example_inputs, planner), cached)
+    return compiled
