@@ -210,8 +210,9 @@ class Report(Deferring):
             + ("" if self.min_feasible_exact else "; the model's estimate: remat.plan compiles it exactly") + ")",
         ]
         if self.compiled_peak_bytes is not None:
-            lines.insert(2, f"compiled program peak  {gib(self.compiled_peak_bytes)} "
-                            f"(Inductor's, {self.compile_attempts} plan(s) compiled)")
+            how = ("loaded with its plan" if self.plan_cache == "program"
+                   else f"{self.compile_attempts} plan(s) compiled")
+            lines.insert(2, f"compiled program peak  {gib(self.compiled_peak_bytes)} (Inductor's, {how})")
         if self.min_cut_peak_bytes is not None:
             lines.append(f"torch min-cut peak     {gib(self.min_cut_peak_bytes)}")
         for name, rule in (self.peer_rules or {}).items():

@@ -71,6 +71,7 @@ def test_a_warm_compile_loads_its_program_whole(caches: pathlib.Path, monkeypatc
     # the loaded program is the plan's: it peaks where the first did, within the budget
     assert abs(peak - first_peak) <= SAME_PEAK and peak <= budget * GIB and again.compiled_peak_bytes == first.compiled_peak_bytes
     assert again.min_cut_peak_bytes is None and "nothing traced" in " ".join(again.notes)
+    assert "(Inductor's, loaded with its plan)" in again.summary()
     eager, inputs = build(MODEL, layers=1)
     eager(*inputs).backward()
     for p, p_ref in zip(model.parameters(), eager.parameters(), strict=True):
