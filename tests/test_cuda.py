@@ -42,3 +42,23 @@ def test_cuda_profile_measures_time_and_workspace() -> None:
     matmuls = [n for n in report.nodes if n.op.startswith("aten.mm") or n.op.startswith("aten.addmm")]
     assert matmuls and all(n.seconds > 0 for n in matmuls)
     assert report.device.startswith("cuda")
+
+
+def test_cuda_warm_compile_loads_its_program_whole(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second compile of a graph at the same budget loads the plan's program from AOTAutograd's
+    cache (passes/program_cache.py), and that program peaks where the first one did."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    size = {**SIZE, "layers": 1}
+    model, inputs = build("gpt", device="cuda", **size)
+    budget = budget_between(remat.plan(model, *inputs, plan_cache=False), 0.3)
+    peaks, reports = [], []
+    for _ in range(2):
+        torch._dynamo.reset()
+        model, inputs = build("gpt", device="cuda", **size)
+        compiled = remat.compile(model, budget_gb=budget, plan_cache=str(tmp_path / "plans"))
+        compiled(*inputs).backward()
+        model.zero_grad(set_to_none=True)
+        peaks.append(budget_peak(lambda: compiled(*inputs).backward(), model, inputs, "cuda"))
+        reports.append(remat.reports(compiled)[0])
+    assert [r.plan_cache for r in reports] == ["stored", "program"]
+    assert reports[1].recomputed == reports[0].recomputed and peaks[1] == peaks[0] <= reports[0].budget_bytes
