@@ -13,6 +13,7 @@ program fits is accepted, and the smallest feasible budget a
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import sys
@@ -173,12 +174,16 @@ def compile_recorded(gm: fx.GraphModule, example_inputs: Sequence[Any], planner:
     generated for it (none when its cache had them)."""
     planner.capture_started = time.perf_counter()
     planned = len(planner.plans)
-    with account.capture_programs() as programs:
+    # the program's AOTAutograd cache entry, kept unwritten until its plan is accepted (passes/program_cache.py)
+    recording = adapter.recording_program_entries() if planner.record_programs else contextlib.nullcontext([])
+    with account.capture_programs() as programs, recording as entries:
         compiled = compile_graph(copy.deepcopy(gm), example_inputs, on_graph=planner.on_graph, **options)
     if len(planner.plans) == planned:
         return compiled, None, programs
     plan = planner.plans[-1]
     plan.timings["inductor"] = time.perf_counter() - planner.chosen_at
+    if entries:  # (a compile with Inductor's cache off makes none: the plan keeps an earlier one)
+        plan.program_entry = entries[-1]
     return compiled, plan, programs
 
 

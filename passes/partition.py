@@ -84,6 +84,9 @@ class GraphPlan:
     figures: dict[str, object] = field(default_factory=dict)
     deferred: list[tuple[tuple[str, ...], Figures]] = field(default_factory=list)
     graphs: dict[str, fx.GraphModule] = field(default_factory=dict)
+    # AOTAutograd's cache entry for the plan's program, made while it compiled and not yet written
+    # (passes/program_cache.py writes it under the plan's key once the plan is accepted)
+    program_entry: object | None = None
 
     @property
     def complete(self) -> bool:
@@ -205,6 +208,8 @@ class Planner:
         # True while a compile is to load its program whole (passes/program_cache.py): reaching
         # the partitioner means it was not there
         self.expect_program = False
+        # set by the backend: the fitting loop's compiles record their AOTAutograd cache entries
+        self.record_programs = False
         # Under torch.distributed, on ranks other than 0: rank 0's plan record and its joint
         # graph's node names, for the next graph (remat/backend.py)
         self.given: tuple[dict, list[str]] | None = None

@@ -8,11 +8,14 @@ traced and partitioned again (2 to 3.3x a warm ``torch.compile``'s first step on
 
 Here the cache is on, and its key names the plan:
 
-- after the fitting loop accepts a plan, the graph is compiled once more with AOTAutograd's
-  cache on and the plan's digest in its key (``torch_adapter.program_cache``); Inductor's
-  programs come from its FX graph cache, so this costs a trace and a partition. The plan is
-  stored in remat's plan cache under what is known before anything is traced: the dynamo
-  graph, its inputs, the request, grad mode and autocast (:func:`program_key`);
+- while the fitting loop compiles, each compile makes its AOTAutograd cache entry, kept
+  unwritten (``torch_adapter.recording_program_entries``); once a plan is accepted, its entry
+  is written under a key that holds the plan's digest (``torch_adapter.store_program_entry``,
+  the key ``torch_adapter.program_cache`` looks up). Where no entry was made (a cache bypass)
+  the plan is compiled once more with the cache on, which costs a trace and a partition
+  (Inductor's programs come from its FX graph cache). The plan is stored in remat's plan
+  cache under what is known before anything is traced: the dynamo graph, its inputs, the
+  request, grad mode and autocast (:func:`program_key`);
 - a later compile of the same graph and request reads that plan and asks AOTAutograd's cache
   for its program. On a hit nothing is traced, profiled, solved or compiled, and the report
   comes from the stored plan (torch's min-cut figures, which need the joint graph, are not
@@ -106,22 +109,37 @@ def load(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
     return compiled
 
 
-def publish(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
-            compile_graph: Compile) -> Callable[..., Any]:
-    """Compile the graph's accepted plan (the planner's last) once more into AOTAutograd's cache
-    under its digest, and store the plan under the graph's program key; the callable compiled."""
+def publish(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, compile_graph: Compile,
+            compiled: Callable[..., Any]) -> Callable[..., Any]:
+    """Put the program of the graph's accepted plan (the planner's last, compiled as ``compiled``)
+    in AOTAutograd's cache under the plan's digest, and store the plan under the graph's program
+    key; the callable to run. The entry its compile recorded is written as it is; without one (a
+    cache bypass), the plan is compiled once more with the cache on."""
     assert planner.disk is not None
     plan = planner.plans[-1]
     cached = plan_cache.entry_of(plan)
-    timings, planned = dict(plan.timings), len(planner.plans)
     t0 = time.perf_counter()
+    if plan.program_entry is not None:
+        adapter.store_program_entry(plan.program_entry, plan_digest(cached))
+        plan.program_entry = None  # written: the compiled code it refers to need not stay alive with the plan
+    else:
+        compiled = compile_again(gm, example_inputs, planner, compile_graph, plan_digest(cached))
+    plan.timings["program cache"] = time.perf_counter() - t0
+    planner.disk.store(program_key(gm, example_inputs, planner), cached)
+    return compiled
+
+
+def compile_again(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, compile_graph: Compile,
+                  digest: str) -> Callable[..., Any]:
+    """Compile the planner's last plan once more, AOTAutograd's cache on under ``digest``."""
+    plan = planner.plans[-1]
+    timings, planned = dict(plan.timings), len(planner.plans)
     planner.replay = plan
     try:
-        with adapter.program_cache(plan_digest(cached)):
+        with adapter.program_cache(digest):
             compiled = compile_graph(copy.deepcopy(gm), example_inputs, on_graph=planner.on_graph)
     finally:
         planner.replay = None
         del planner.plans[planned:]  # the same plan, handed out again
-    plan.timings = {**timings, "program cache": time.perf_counter() - t0}
-    planner.disk.store(program_key(gm, example_inputs, planner), cached)
+    plan.timings = timings
     return compiled

@@ -98,14 +98,18 @@ class RematBackend:
             # Inductor: compile, account for the program it generated, plan tighter while it is over
             # (rank 0 did that for a given plan: it is compiled as it is)
             fitted = compile_given if given else compile_fitted
-            compiled = fitted(gm, example_inputs, self.planner, adapter.compile_inductor)
+            self.planner.record_programs = programs
+            try:
+                compiled = fitted(gm, example_inputs, self.planner, adapter.compile_inductor)
+            finally:
+                self.planner.record_programs = False
             if len(self.planner.plans) == planned:  # an inference graph (no grad): nothing planned
                 return compiled
             if self.stop_after_plan:  # remat.plan: its smallest feasible budget is the compiled one
                 defer_min_feasible(gm, example_inputs, self.planner, adapter.compile_inductor)
                 raise PlanComplete
             if programs:  # the next process loads this plan's program whole
-                return program_cache.publish(gm, example_inputs, self.planner, adapter.compile_inductor)
+                return program_cache.publish(gm, example_inputs, self.planner, adapter.compile_inductor, compiled)
             return compiled
 
     def tell(self, agreement: ranks.Agreement | None, planned: int) -> None:

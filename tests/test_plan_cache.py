@@ -167,8 +167,7 @@ def test_a_plan_from_the_cache_loads_its_program_from_inductors_cache(
     report = planned(ACCOUNTED, "inductor", layers=1)
     budget, other_budget = budget_between(report, 0.2), budget_between(report, 0.7)
     first, counts, _ = _compile_step(tmp_path / "plans", budget)
-    # Inductor's cache is hit only when the accepted plan is compiled into AOTAutograd's cache
-    assert first.plan_cache == "stored" and counts["hit"] == 2 and first.compiled_peak_bytes
+    assert first.plan_cache == "stored" and counts["hit"] == 0 and first.compiled_peak_bytes
     assert list(first.timings) == ["capture", "profile", "solve", "inductor", "program cache"]
     # a second compile: remat's plan and the programs Inductor generated for it are both loaded
     # (whole, through AOTAutograd's cache: tests/test_program_cache.py)

@@ -4,6 +4,7 @@ another budget never loads a program compiled for another plan."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import pathlib
 
@@ -102,6 +103,19 @@ def test_a_missing_program_is_planned_again_and_published(caches: pathlib.Path, 
     assert again.compiled_peak_bytes == first.compiled_peak_bytes
     third, _, _ = _step(caches, budget)
     assert third.plan_cache == "program"
+
+
+def test_without_a_recorded_entry_the_accepted_plan_is_compiled_into_the_cache(
+        caches: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the fitting loop's compile made no AOTAutograd entry (a cache bypass), publishing
+    compiles the accepted plan once more with the cache on; the next compile loads it."""
+    monkeypatch.setattr(adapter, "recording_program_entries", lambda: contextlib.nullcontext([]))
+    budget, _ = _budgets()
+    first, _, _ = _step(caches, budget)
+    assert first.plan_cache == "stored" and "program cache" in first.timings
+    again, peak, _ = _step(caches, budget)
+    assert again.plan_cache == "program" and again.recomputed == first.recomputed
+    assert abs(peak - first.compiled_peak_bytes) <= SAME_PEAK
 
 
 def test_the_program_key_holds_what_a_plan_depends_on(caches: pathlib.Path) -> None:

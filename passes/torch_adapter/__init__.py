@@ -176,6 +176,56 @@ def program_cache(digest: str) -> Iterator[None]:
         yield
 
 
+@dataclasses.dataclass(frozen=True)
+class ProgramEntry:
+    """AOTAutograd's cache entry for one compile, not yet written: what its key is made of (the
+    arguments, and AOTAutograd's settings then: ``compile_fx`` patches some), and the entry."""
+
+    key_arguments: tuple[tuple[Any, ...], dict[str, Any]]
+    functorch_settings: dict[str, Any]
+    entry: Any
+
+
+@contextlib.contextmanager
+def recording_program_entries() -> Iterator[list[ProgramEntry]]:
+    """AOTAutograd's cache on in the block, under a key no entry is stored under: each compile
+    makes its cache entry, recorded in the list instead of written (the plan it holds is not
+    yet accepted). ``store_program_entry`` writes one later, under its plan's key."""
+    from torch._functorch._aot_autograd import autograd_cache as aot_cache
+
+    recorded: list[ProgramEntry] = []
+    arguments: list[tuple[tuple[tuple[Any, ...], dict[str, Any]], dict[str, Any]]] = []
+    real_key, real_save = aot_cache.autograd_cache_key, aot_cache.AOTAutogradCache.__dict__["save"]
+
+    def key(*args: Any, **kwargs: Any) -> Any:
+        arguments.append(((args, kwargs), functorch_config.get_config_copy()))
+        return real_key(*args, **kwargs)
+
+    def save(key: str, entry: Any, remote: bool = False) -> None:
+        if arguments:
+            recorded.append(ProgramEntry(*arguments[-1], entry))
+
+    aot_cache.autograd_cache_key = key
+    aot_cache.AOTAutogradCache.save = staticmethod(save)
+    try:
+        with functorch_config.patch(enable_autograd_cache=True), \
+                inductor_config.patch({"fx_graph_cache": True,  # for the key; compile_inductor sets each graph's
+                                       _PLAN_KEY_SETTING: _PlanKey(f"unsaved.{os.getpid()}.{id(recorded)}")}):
+            yield recorded
+    finally:
+        aot_cache.autograd_cache_key, aot_cache.AOTAutogradCache.save = real_key, real_save
+
+
+def store_program_entry(program: ProgramEntry, digest: str) -> None:
+    """Write a recorded entry into AOTAutograd's cache under the key ``program_cache(digest)`` looks up."""
+    from torch._functorch._aot_autograd import autograd_cache as aot_cache
+
+    args, kwargs = program.key_arguments
+    with program_cache(digest), functorch_config.patch(program.functorch_settings):
+        key, _ = aot_cache.autograd_cache_key(*args, **kwargs)
+        aot_cache.AOTAutogradCache.save(key, program.entry, remote=False)
+
+
 def compiling_ddp_bucket() -> bool:
     """Whether the backend is being called by dynamo's DDP optimizer for one bucket's piece of a
     graph it split in several (from its ``compile_submod``; no flag says so; one bucket is not split)."""
