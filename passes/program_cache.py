@@ -87,12 +87,12 @@ def plan_digest(cached: plan_cache.CachedPlan) -> str:
     return hashlib.sha256(json.dumps(decision, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def load(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
-         compile_graph: Compile) -> Callable[..., Any] | None:
-    """The compiled graph loaded whole for the plan stored under its program key, or None
+def load(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, compile_graph: Compile,
+         key: dict[str, Any]) -> Callable[..., Any] | None:
+    """The compiled graph loaded whole for the plan stored under its program ``key``, or None
     (no plan stored, or AOTAutograd's cache lacks its program)."""
     assert planner.disk is not None
-    cached = planner.disk.load(program_key(gm, example_inputs, planner), None)
+    cached = planner.disk.load(key, None)
     if cached is None or cached.compiled_peak is None:
         return None
     t0 = time.perf_counter()
@@ -110,10 +110,10 @@ def load(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
 
 
 def publish(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, compile_graph: Compile,
-            compiled: Callable[..., Any]) -> Callable[..., Any]:
+            compiled: Callable[..., Any], key: dict[str, Any]) -> Callable[..., Any]:
     """Put the program of the graph's accepted plan (the planner's last, compiled as ``compiled``)
     in AOTAutograd's cache under the plan's digest, and store the plan under the graph's program
-    key; the callable to run. The entry its compile recorded is written as it is; without one (a
+    ``key``; the callable to run. The entry its compile recorded is written as it is; without one (a
     cache bypass), the plan is compiled once more with the cache on."""
     assert planner.disk is not None
     plan = planner.plans[-1]
@@ -125,7 +125,7 @@ def publish(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
     else:
         compiled = compile_again(gm, example_inputs, planner, compile_graph, plan_digest(cached))
     plan.timings["program cache"] = time.perf_counter() - t0
-    planner.disk.store(program_key(gm, example_inputs, planner), cached)
+    planner.disk.store(key, cached)
     return compiled
 
 

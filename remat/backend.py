@@ -92,7 +92,10 @@ class RematBackend:
         with adapter.saved_values_chooser(self.planner.choose):
             if self.options.compiler == "eager":
                 return compile_eager(gm, example_inputs, on_graph=self.planner.on_graph)
-            loaded = program_cache.load(gm, example_inputs, self.planner, adapter.compile_inductor) if programs else None
+            # what the plan depends on, known before tracing: where a whole program is stored
+            key = program_cache.program_key(gm, example_inputs, self.planner) if programs else None
+            loaded = None if key is None else program_cache.load(gm, example_inputs, self.planner,
+                                                                 adapter.compile_inductor, key)
             if loaded is not None:
                 return loaded
             # Inductor: compile, account for the program it generated, plan tighter while it is over
@@ -108,8 +111,8 @@ class RematBackend:
             if self.stop_after_plan:  # remat.plan: its smallest feasible budget is the compiled one
                 defer_min_feasible(gm, example_inputs, self.planner, adapter.compile_inductor)
                 raise PlanComplete
-            if programs:  # the next process loads this plan's program whole
-                return program_cache.publish(gm, example_inputs, self.planner, adapter.compile_inductor, compiled)
+            if key is not None:  # the next process loads this plan's program whole
+                return program_cache.publish(gm, example_inputs, self.planner, adapter.compile_inductor, compiled, key)
             return compiled
 
     def tell(self, agreement: ranks.Agreement | None, planned: int) -> None:
