@@ -9,9 +9,11 @@ seconds (the first plan of each depth; ops already timed at a smaller depth
 come from the per-process cost cache), the ILP's solve seconds, status and
 gap at a binding budget (half way between the smallest feasible and
 store-all), the smallest-peak solve, and torch's own min-cut decision time
-on the same graph. Writes <date>-cpu-scaling.{json,md,png}; the markdown
-checks the targets (the binding-budget solve plus the smallest-peak solve: 12 layers in at most
-5 s, 48 in at most 30 s, 96 in at most 60 s).
+on the same graph. Under Inductor the report's solve seconds add up every plan the fitting loop
+made; the solver is therefore also timed alone on the planned graph's Problem: one solve at the
+binding budget and one smallest-peak solve. Writes <date>-cpu-scaling.{json,md,png}; the markdown
+checks the targets on the solver alone (the binding-budget solve plus the smallest-peak solve: 12
+layers in at most 5 s, 48 in at most 30 s, 96 in at most 60 s).
 """
 
 from __future__ import annotations
@@ -21,33 +23,63 @@ import datetime as dt
 import json
 import pathlib
 import platform
+import time
 
 import torch
 
 import remat
+from remat.backend import RematBackend
 from remat.errors import GIB
+from remat.options import Options
+from remat.solvers.plan import Once, Request, smallest_peak, solve
+from remat.solvers.problem import Problem
 from remat.zoo import build
 
 SIZE = {"d_model": 256, "heads": 8, "seq": 128, "vocab": 1024, "batch": 8}
 DEPTHS = (2, 4, 8, 12, 24, 48, 96)
 TARGETS = {12: 5.0, 48: 30.0, 96: 60.0}  # layers: most seconds of the ILP solve plus the smallest-peak solve
+MAX_GAP = 0.01  # the plan at the budget proved within this of the optimum
 
 
 def plan_depth(layers: int, compiler: str) -> dict:
     model, inputs = build("gpt", layers=layers, **SIZE)
-    top = remat.plan(model, *inputs, compiler=compiler)
+    top, problem = planned(model, inputs, compiler)
     budget = top.budget_at(0.5)
     rep = remat.plan(model, *inputs, compiler=compiler, budget_gb=budget / GIB)
     return {
+        **solver_alone(problem, budget),
         "layers": layers, "joint_graph_steps": rep.joint_graph_steps, "candidates": rep.candidates,
         "profile_seconds": round(top.profile_seconds, 3), "solve_seconds": round(rep.solve_seconds, 3),
         "solver_status": rep.solver_status, "mip_gap": rep.mip_gap,
         "min_feasible_solve_seconds": round(rep.min_feasible_solve_seconds, 3),
-        "min_cut_seconds": round(rep.min_cut_seconds, 3),
+        "min_cut_seconds": round(rep.min_cut_seconds, 3), "compile_attempts": rep.compile_attempts,
         "budget_bytes": rep.budget_bytes, "predicted_peak_bytes": rep.predicted_peak_bytes,
         "store_all_peak_bytes": rep.store_all_peak_bytes, "min_feasible_bytes": rep.min_feasible_bytes,
         "predicted_overhead_ms": round(rep.predicted_overhead_seconds * 1e3, 3),
     }
+
+
+def planned(model: torch.nn.Module, inputs: tuple, compiler: str) -> tuple[remat.Report, Problem]:
+    """``remat.plan(model, *inputs)`` without a budget, and the Problem its plan solved."""
+    backend = RematBackend(Options(compiler=compiler), stop_after_plan=True)
+    try:
+        torch.compile(model, backend=backend)(*inputs)
+    except Exception:  # capture stops once the plan is made (remat.plan does the same)
+        if not backend.reports:
+            raise
+    return backend.reports[0], backend.planner.plans[0].problem
+
+
+def solver_alone(problem: Problem, budget: int) -> dict:
+    """The solver timed alone on ``problem``: the smallest-peak solve, then one solve at ``budget``
+    (given that smallest peak, as the planner has it by then)."""
+    request = Request(budget, None, "ilp", 30.0)
+    start = time.perf_counter()
+    lowest = smallest_peak(problem, request.smallest_peak_config)
+    middle = time.perf_counter()
+    plan, _ = solve(problem, request, Once(lambda: lowest))
+    return {"alone_min_peak_seconds": round(middle - start, 3), "alone_solve_seconds": round(time.perf_counter() - middle, 3),
+            "alone_status": plan.status.value, "alone_gap": plan.gap}
 
 
 def gap(value: float | None) -> str:
@@ -55,11 +87,13 @@ def gap(value: float | None) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    head = ("| layers | joint-graph nodes | candidates | profile s | ILP solve s | status | gap | min-peak solve s "
-            "| torch min-cut s |\n|---|---|---|---|---|---|---|---|---|\n")
+    head = ("| layers | joint-graph nodes | candidates | profile s | solver alone: ILP solve s | status | gap "
+            "| solver alone: min-peak solve s | report: solve s (every fitting attempt) | attempts | report: min-peak s "
+            "| torch min-cut s |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     return head + "".join(
         f"| {r['layers']} | {r['joint_graph_steps']} | {r['candidates']} | {r['profile_seconds']} "
-        f"| {r['solve_seconds']} | {r['solver_status']} | {gap(r['mip_gap'])} | {r['min_feasible_solve_seconds']} "
+        f"| {r['alone_solve_seconds']} | {r['alone_status']} | {gap(r['alone_gap'])} | {r['alone_min_peak_seconds']} "
+        f"| {r['solve_seconds']} | {r['compile_attempts']} | {r['min_feasible_solve_seconds']} "
         f"| {r['min_cut_seconds']} |\n" for r in rows)
 
 
@@ -69,10 +103,12 @@ def targets(rows: list[dict]) -> str:
     for r in rows:
         limit = TARGETS.get(r["layers"])
         if limit is not None:
-            total = r["solve_seconds"] + r["min_feasible_solve_seconds"]
-            met = "yes" if total <= limit else "**no**"
-            out += (f"- {r['layers']} layers: ILP solve {r['solve_seconds']} s + smallest-peak solve "
-                    f"{r['min_feasible_solve_seconds']} s = {total:.3f} s, target <= {limit:g} s: {met}\n")
+            total = r["alone_solve_seconds"] + r["alone_min_peak_seconds"]
+            proved = r["alone_gap"] is None or r["alone_gap"] <= MAX_GAP
+            met = "yes" if total <= limit and proved else "**no**"
+            out += (f"- {r['layers']} layers: ILP solve {r['alone_solve_seconds']} s + smallest-peak solve "
+                    f"{r['alone_min_peak_seconds']} s = {total:.3f} s (solver alone), gap {gap(r['alone_gap'])}; "
+                    f"target <= {limit:g} s with a gap <= {MAX_GAP:.0%}: {met}\n")
     return out
 
 
@@ -85,11 +121,11 @@ def plot(path: pathlib.Path, rows: list[dict], title: str) -> None:
 
     steps = [r["joint_graph_steps"] for r in rows]
     fig, ax = plt.subplots(figsize=(7, 5))
-    ax.plot(steps, [r["solve_seconds"] for r in rows], "o-", label="remat ILP, binding budget")
-    ax.plot(steps, [r["min_feasible_solve_seconds"] for r in rows], "s--", label="remat smallest-peak solve")
+    ax.plot(steps, [r["alone_solve_seconds"] for r in rows], "o-", label="remat ILP, binding budget")
+    ax.plot(steps, [r["alone_min_peak_seconds"] for r in rows], "s--", label="remat smallest-peak solve")
     ax.plot(steps, [r["min_cut_seconds"] for r in rows], "^:", label="torch min-cut decision")
     for r, x in zip(rows, steps):
-        ax.annotate(f"{r['layers']}L", (x, r["solve_seconds"]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        ax.annotate(f"{r['layers']}L", (x, r["alone_solve_seconds"]), textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("joint-graph steps (nodes)")

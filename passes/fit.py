@@ -8,7 +8,9 @@ program peaks over the planning target the plan is made again, tighter by the
 overshoot. Below the model's smallest peak the smallest-peak plan is compiled
 and judged by its own program, so a budget the model would refuse but the
 program fits is accepted, and the smallest feasible budget a
-:class:`BudgetError` names is the program's, not the model's.
+:class:`BudgetError` names is the program's, not the model's. Where the first
+plan's program peaks far under its target, one looser plan is tried
+(:func:`loosened`): the model over-counted, and a faster plan may fit.
 """
 
 from __future__ import annotations
@@ -29,10 +31,13 @@ from remat.solvers.plan import budget_error, min_budget_bytes
 
 from . import inductor_account as account
 from . import torch_adapter as adapter
-from .partition import GraphPlan, Planner
+from .partition import GraphPlan, NotFaster, Planner
 
 log = logging.getLogger(__name__)
 MAX_TIGHTENED = 3  # plans compiled toward the target before the two fall-backs below
+# A program that peaks this far under its target (a fraction of it) left room the model did not
+# see: one more plan, asked for that much more, is compiled, and the faster program that fits kept.
+LOOSEN_UNDER = 0.05
 SMALLEST = 0  # a target below every plan: the model's smallest-peak plan (with settle_for_lowest)
 FASTEST = sys.maxsize  # a target no plan is bound by: the fastest plan
 Compile = Callable[..., Callable[..., Any]]
@@ -81,6 +86,8 @@ def fit(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
             spent[phase] = spent.get(phase, 0.0) + seconds
         limit = plan.target
         if limit is None or peak <= limit:
+            if limit is not None and target is None:  # the first plan: far under, try a looser one
+                compiled, plan = loosened(gm, example_inputs, planner, compile_graph, (compiled, plan, peak), spent)
             plan.timings = spent
             planner.remember_compiled(plan)
             return compiled  # before asking whether the plan is the smallest: that may need a solve
@@ -98,6 +105,40 @@ def fit(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
             raise over_budget(plan, min(fallbacks.values()))
         log.info("remat: compiled program peaks at %s over the target %s; planning again",
                  format_bytes(peak), format_bytes(limit))
+
+
+def loosened(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, compile_graph: Compile,
+             accepted: tuple[Callable[..., Any], GraphPlan, int],
+             spent: dict[str, float]) -> tuple[Callable[..., Any], GraphPlan]:
+    """The accepted program, or a faster one that also fits: where the program peaks more than
+    ``LOOSEN_UNDER`` under its target and recomputes something, the model over-counted, so one
+    more plan is made, asked for the undershoot more, and kept if its own program fits the
+    target and the model predicts it faster."""
+    compiled, plan, peak = accepted
+    limit = plan.target
+    if limit - peak <= LOOSEN_UNDER * limit or plan.solution.added_seconds <= 0:
+        return compiled, plan
+    if plan.plan_cache not in ("", "stored"):  # a plan fitted (and loosened) before: loaded as it is
+        return compiled, plan
+    planner.target, planner.faster_than = limit + (limit - peak), plan.solution.added_seconds
+    try:  # stopped at the partitioner unless the looser plan is predicted faster: nothing to compile
+        again, looser, looser_peak = compile_once(gm, example_inputs, planner, compile_graph)
+    except NotFaster:
+        return compiled, plan
+    finally:
+        planner.faster_than = None
+    for phase, seconds in looser.timings.items():
+        spent[phase] = spent.get(phase, 0.0) + seconds
+    fits = looser_peak <= limit
+    planner.plans.remove(plan if fits else looser)  # the graph's plan is the last one
+    if not fits:
+        return compiled, plan
+    looser.compile_attempts = plan.compile_attempts + 1
+    looser.notes.append(f"the first plan's program peaked {format_bytes(limit - peak)} under the target: "
+                        f"planned looser, this plan's program fits and is faster")
+    log.info("remat: compiled program peaks %s under the target; a looser plan fits and is faster",
+             format_bytes(limit - peak))
+    return again, looser
 
 
 def defer_min_feasible(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,

@@ -48,6 +48,11 @@ class ProgramMiss(Exception):
     when torch's partitioner is reached instead: the cache did not have it."""
 
 
+class NotFaster(Exception):
+    """Stops a compile at the partitioner when its plan is not faster than ``Planner.faster_than``
+    (the fitting loop's looser plan, ``passes/fit.py``): Inductor would compile it for nothing."""
+
+
 @dataclass(eq=False)
 class GraphPlan:
     """Everything remat decided, predicted and learned for one joint graph: plain data.
@@ -203,6 +208,9 @@ class Planner:
         # Off while plans are compiled only to measure them (passes/fit.py): the plan cache
         # keeps the plan that fitted the budget, never a fall-back made for a figure.
         self.storing = True
+        # The added seconds a plan must beat, or its compile stops (NotFaster): the fitting loop's
+        # looser plan is compiled only where the model predicts it faster
+        self.faster_than: float | None = None
         # A plan made already, to hand out again at the next call (its graph compiled once more)
         self.replay: GraphPlan | None = None
         # True while a compile is to load its program whole (passes/program_cache.py): reaching
@@ -245,6 +253,8 @@ class Planner:
             plan = self.plan_given(joint_graph, node_info, forward)
         else:
             plan = self.local_plan(joint_graph, node_info, forward, specialized)
+            if self.faster_than is not None and plan.solution.added_seconds >= self.faster_than:
+                raise NotFaster
         plan.node_order = [n.name for n in joint_graph.nodes]
         plan.scope = self.scope
         self.note_rank(plan)

@@ -151,7 +151,13 @@ class Problem:
         return {v.name: v for v in self.values}
 
     def candidates(self) -> tuple[Value, ...]:
-        return tuple(v for v in self.values if v.is_candidate)
+        """The values that get decisions, in production order; found once, as ``values`` never
+        change (the program's builders ask for them thousands of times)."""
+        found = self.__dict__.get("_candidates")
+        if found is None:
+            found = tuple(v for v in self.values if v.is_candidate)
+            object.__setattr__(self, "_candidates", found)
+        return found
 
     def workspace_at(self, step: int) -> int:
         return self.workspace[step] if self.workspace else 0
