@@ -208,8 +208,8 @@ class Planner:
         # Off while plans are compiled only to measure them (passes/fit.py): the plan cache
         # keeps the plan that fitted the budget, never a fall-back made for a figure.
         self.storing = True
-        # The added seconds a plan must beat, or its compile stops (NotFaster): the fitting loop's
-        # looser plan is compiled only where the model predicts it faster
+        # The added seconds a plan must come under, or its compile stops (NotFaster): the fitting
+        # loop's looser plan is compiled only where the model predicts it enough faster
         self.faster_than: float | None = None
         # A plan made already, to hand out again at the next call (its graph compiled once more)
         self.replay: GraphPlan | None = None
