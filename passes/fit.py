@@ -20,6 +20,7 @@ import copy
 import logging
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -78,7 +79,7 @@ def fit(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
         compile_graph: Compile) -> Callable[..., Any]:
     target: int | None = None
     fallbacks: dict[int, int] = {}  # compiled peaks of the smallest-peak and fastest plans
-    spent: dict[str, float] = {}  # every attempt's timings, the rejected plans' too
+    spent: Counter[str] = Counter()  # every attempt's timings, the rejected plans' too, summed by phase
     attempt = 0
     while True:
         attempt += 1
@@ -87,13 +88,12 @@ def fit(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
         if plan is None:  # an inference graph (no grad): nothing to plan or fit
             return compiled
         plan.compile_attempts = attempt
-        for phase, seconds in plan.timings.items():
-            spent[phase] = spent.get(phase, 0.0) + seconds
+        spent.update(plan.timings)
         limit = plan.target
         if limit is None or peak <= limit:
             if limit is not None and target is None:  # the first plan: far under, try a looser one
                 compiled, plan = loosened(gm, example_inputs, planner, compile_graph, (compiled, plan, peak), spent)
-            plan.timings = spent
+            plan.timings = dict(spent)
             planner.remember_compiled(plan)
             return compiled  # before asking whether the plan is the smallest: that may need a solve
         if plan.smallest or target in (SMALLEST, FASTEST):
@@ -114,7 +114,7 @@ def fit(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
 
 def loosened(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, compile_graph: Compile,
              accepted: tuple[Callable[..., Any], GraphPlan, int],
-             spent: dict[str, float]) -> tuple[Callable[..., Any], GraphPlan]:
+             spent: Counter[str]) -> tuple[Callable[..., Any], GraphPlan]:
     """The accepted program, or a faster one that also fits: where the program peaks more than
     ``LOOSEN_UNDER`` under its target and recomputes something, the model over-counted, so one
     more plan is made, asked for the undershoot more, compiled only if the model predicts it
@@ -134,8 +134,7 @@ def loosened(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner
         return compiled, plan
     finally:
         planner.faster_than = None
-    for phase, seconds in looser.timings.items():
-        spent[phase] = spent.get(phase, 0.0) + seconds
+    spent.update(looser.timings)
     fits = looser_peak <= limit
     planner.plans.remove(plan if fits else looser)  # the graph's plan is the last one
     if not fits:
