@@ -43,24 +43,50 @@ class Order:
         return len(self.steps) - 1
 
 
-def fixed_order(graph: fx.Graph, node_info: adapter.NodeInfo) -> Order:
+def fixed_order(graph: fx.Graph, node_info: adapter.NodeInfo, *, inductor: bool = False) -> Order:
+    """``inductor``: each matmul Inductor folds into the add that reads it runs at that add."""
     ops = [n for n in graph.nodes if n.op == "call_function"]
     forward = {n for n in ops if node_info.is_required_fw(n)}
     # An output of a forward op that only the backward reads (layer norm's
     # mean and rstd) exists once the forward op ran: it is a forward value.
     forward |= {n for n in ops if multi_output_parent(n) in forward}
+    folded = addmm_folded(ops, forward) if inductor else {}
     fwd = [n for n in ops if n in forward]
-    steps = fwd + backward_order([n for n in ops if n not in forward], graph)
+    steps = with_folded_at_add(fwd, folded) + backward_order([n for n in ops if n not in forward], graph,
+                                                             deferred=set(folded.values()))
     return Order(steps, {n: i for i, n in enumerate(steps)}, forward)
 
 
-def backward_order(backward: list[fx.Node], graph: fx.Graph) -> list[fx.Node]:
+def addmm_folded(ops: list[fx.Node], forward: set[fx.Node]) -> dict[fx.Node, fx.Node]:
+    """add -> the matmul Inductor folds into it (an ``addmm`` at the add), both in one graph."""
+    folded = {}
+    for add in ops:
+        mm = adapter.addmm_folded(add)
+        if mm is not None and (mm in forward) == (add in forward):
+            folded[add] = mm
+    return folded
+
+
+def with_folded_at_add(steps: list[fx.Node], folded: dict[fx.Node, fx.Node]) -> list[fx.Node]:
+    """``steps`` with each folded matmul moved to just before its add."""
+    moved = set(folded.values())
+    order: list[fx.Node] = []
+    for node in steps:
+        if node in folded:
+            order.append(folded[node])
+        if node not in moved:
+            order.append(node)
+    return order
+
+
+def backward_order(backward: list[fx.Node], graph: fx.Graph, *, deferred: set[fx.Node] = frozenset()) -> list[fx.Node]:
     """The backward as torch runs it (``reordering_to_mimic_autograd_engine``).
 
     From the first node that reads a tangent on, each node comes right after
     whichever of its backward inputs have not run yet; a node that reads no
     tangent thus runs just before its first consumer, not where the joint
-    graph happens to list it.
+    graph happens to list it. A ``deferred`` node (a matmul Inductor folds into
+    the add that reads it) runs with that add, and so do the inputs it alone waits for.
     """
     position = {n: i for i, n in enumerate(graph.nodes)}
     pending = set(backward)
@@ -85,7 +111,7 @@ def backward_order(backward: list[fx.Node], graph: fx.Graph) -> list[fx.Node]:
         if position[node] < first and node.target is torch.ops.aten.copy_.default:
             place(node)
     for node in backward:
-        if position[node] >= first:
+        if position[node] >= first and node not in deferred:
             place(node)
     return placed + [n for n in backward if n in pending]
 
@@ -124,8 +150,9 @@ def need_intervals(order: Order) -> tuple[dict[fx.Node, int], dict[fx.Node, int]
         if not starts:
             continue
         first[node] = min(starts)
-        latest_start[node] = min(direct) if direct else max(latest_start[u] for u in users)
-        last[node] = max(direct + [latest_start[u] for u in users])
+        later = [latest_start[u] for u in users]
+        latest_start[node] = min(direct) if direct else max(later)
+        last[node] = max(direct + later)
     return first, last
 
 
@@ -376,7 +403,7 @@ def build_problem(graph: fx.Graph, node_info: adapter.NodeInfo, costs: dict[str,
     """
     policy = with_safety(policy)
     classify(graph)
-    order = fixed_order(graph, node_info)
+    order = fixed_order(graph, node_info, inductor=fusion)
     outputs = output_nodes(graph)
     peaks = DevicePeaks.for_device(device_of(graph))
     need = need_intervals(order)

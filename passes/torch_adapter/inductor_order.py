@@ -17,6 +17,13 @@ were unchanged (``python -m bench.fused_order``). It runs after fusion
 (``_post_fusion_custom_pass``), only while remat's graphs compile, and carries a ``uuid`` so
 that Inductor's FX graph cache keys on it.
 
+``addmm_folded`` says which matmul Inductor's post-grad patterns fold into the add that reads
+it (``add(mm(a, b), c)`` becomes ``addmm(c, a, b)``, placed at the add): that matmul runs at the
+add, not where the FX graph lists it, and its inputs live until then. On a GPT-2 with tied
+embeddings the LM head's weight gradient is added to the embedding's at the end of the backward,
+so the logits gradient stayed alive through the whole backward (the smallest-peak plan's program
+peaked 13 % above the plan). remat's model places such a matmul where Inductor will.
+
 ``LocalHorizontalFusion`` keeps fusions from undoing the same order: no horizontal fusion spans
 an extern kernel, since the fused kernel (at its last part) would carry the earlier part's
 outputs past it. Installed through Inductor's out-of-tree choices hook, for remat's graphs only.
@@ -30,16 +37,20 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
+import torch
+import torch.fx as fx
 from torch._inductor import config as inductor_config
 from torch._inductor import custom_graph_pass
+from torch._inductor import utils as inductor_utils
 from torch._inductor.virtualized import V
+from torch._prims_common import is_expandable_to
 
 try:
     from torch._inductor.choices import InductorChoices
 except ImportError:  # a torch without out-of-tree fusion choices: Inductor's own
     InductorChoices = None
 
-__all__ = ["FusedAtLastPart", "LocalHorizontalFusion", "fusion_choices", "has_fusion_choices", "order_settings"]
+__all__ = ["FusedAtLastPart", "addmm_folded", "LocalHorizontalFusion", "fusion_choices", "has_fusion_choices", "order_settings"]
 
 # torch 2.13 checks a scheduler pass against CustomSchedulerPass for its cache key; earlier
 # versions against CustomGraphPass (the same two methods, a graph in place of the nodes).
@@ -146,3 +157,35 @@ def fusion_choices(choices: type | None) -> Iterator[None]:
         return
     with V.set_choices_handler(choices()):  # installed on entry, the prior handler restored on exit
         yield
+
+
+def addmm_folded(add: fx.Node) -> fx.Node | None:
+    """The ``mm`` that Inductor's post-grad pattern (``addmm`` in ``fx_passes/post_grad.py``,
+    torch 2.11-2.14) folds into ``add``, so that it runs where ``add`` is; None if it folds none.
+
+    The rule is torch's: ``add(mm(a, b), c)`` or ``add(c, mm(a, b))``, the matmul read by the add
+    alone, ``c`` a tensor that broadcasts to the product, all three of one dtype; on a GPU not
+    where every use of the sum is pointwise (there Inductor prefers the pointwise add)."""
+    if add.target is not torch.ops.aten.add.Tensor or len(add.args) != 2 or add.kwargs:
+        return None
+    for mm, inp in (add.args, reversed(add.args)):
+        if _folds(mm, inp):
+            return mm
+    return None
+
+
+def _folds(mm: Any, inp: Any) -> bool:
+    if not (isinstance(mm, fx.Node) and mm.target is torch.ops.aten.mm.default and len(mm.users) == 1):
+        return False
+    vals = [getattr(n, "meta", {}).get("val") for n in (inp, *mm.args)]
+    if not (isinstance(inp, fx.Node) and all(isinstance(v, torch.Tensor) for v in vals)):
+        return False
+    c, a, b = vals
+    if not is_expandable_to(c.shape, (a.shape[0], b.shape[1])) or not c.dtype == a.dtype == b.dtype:
+        return False
+    add = next(iter(mm.users))
+    # the GPU exception is 2.13's; versions differ in it (bias-like addends, reductions too): where
+    # they do, the compiled account, not this order, is what the budget is held to
+    prefers_pointwise = getattr(inductor_utils, "is_gpu", lambda _: False)(c.device.type) and all(
+        inductor_utils.is_pointwise_use(use) for use in add.users)
+    return not prefers_pointwise
