@@ -2,6 +2,7 @@
 
     python -m bench.contract                       # every bench model under Inductor, five budgets
     python -m bench.contract --models gpt convnet --compilers inductor eager
+    python -m bench.contract --buffer-reuse        # Inductor's buffer reuse on for remat's graphs
 
 For each model and compiler, at budgets 0, 25, 50, 75 and 100 % of the way from
 the smallest feasible budget (``remat.plan``'s, exact) to the one at which
@@ -9,7 +10,7 @@ keeping everything fits: the CPU profiler's peak during a compiled step plus
 the graph's inputs, the budget, remat's FX-level prediction and, under
 Inductor, the peak of the program Inductor generated (``compiled_peak_bytes``).
 Per model: the smallest feasible budget against the lowest measured peak.
-Results go to bench/results/<date>-cpu-contract.{json,md}.
+Results go to bench/results/<date>-cpu-contract.{json,md} (``-buffer-reuse`` added with that flag).
 """
 
 from __future__ import annotations
@@ -85,7 +86,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", nargs="+", default=default)
     parser.add_argument("--compilers", nargs="+", default=["inductor"])
     parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--buffer-reuse", action="store_true",
+                        help="compile remat's graphs with Inductor's buffer reuse on (remat keeps it off)")
     args = parser.parse_args(argv)
+    adapter.INDUCTOR_SETTINGS["allow_buffer_reuse"] = args.buffer_reuse
     rows = []
     for name in args.models:
         for compiler in args.compilers:
@@ -93,11 +97,13 @@ def main(argv: list[str] | None = None) -> None:
             print(markdown(rows[-len(FRACTIONS):]), flush=True)
     today = dt.date.today().isoformat()
     command = f"python -m bench.contract --models {' '.join(args.models)} --compilers {' '.join(args.compilers)}"
+    command += " --buffer-reuse" if args.buffer_reuse else ""
+    stem = f"{today}-cpu-contract" + ("-buffer-reuse" if args.buffer_reuse else "")
     meta = {"date": today, "device": "cpu", "torch": torch.__version__, "sizes": SIZES, "command": command}
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{today}-cpu-contract.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    (out / f"{today}-cpu-contract.md").write_text(
+    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    (out / f"{stem}.md").write_text(
         f"# Budget contract on the CPU, {today}, torch {torch.__version__}\n\nCommand: `{command}`\n\n"
         f"Bytes. *checked* is the compiled program's peak under Inductor, the model's op by op.\n\n{markdown(rows)}")
     print(markdown(rows))

@@ -30,7 +30,7 @@ from .rank_scope import RankScope
 from . import torch_adapter as adapter
 from .memory import realized_peak, recomputed_in
 from .policies import in_checkpoint_region
-from .problem import build_problem
+from .problem import build_problem, unfolded_adds
 from .profile import SHARED_TIMINGS, profile_graph
 from .request import PlanRequest
 
@@ -92,6 +92,8 @@ class GraphPlan:
     # AOTAutograd's cache entry for the plan's program, made while it compiled and not yet written
     # (passes/program_cache.py writes it under the plan's key once the plan is accepted)
     program_entry: object | None = None
+    # adds whose matmul Inductor would fold into them, kept apart (passes/problem.py, fold_holds_more)
+    unfolded: frozenset[str] = frozenset()
 
     @property
     def complete(self) -> bool:
@@ -256,6 +258,8 @@ class Planner:
             if self.faster_than is not None and plan.solution.added_seconds >= self.faster_than:
                 raise NotFaster
         plan.node_order = [n.name for n in joint_graph.nodes]
+        if self.request.compiler == "inductor":  # the adds whose matmul Inductor must not fold (passes/problem.py)
+            plan.unfolded = unfolded_adds(joint_graph, node_info)
         plan.scope = self.scope
         self.note_rank(plan)
         if self.unread_state:
@@ -415,6 +419,8 @@ class Planner:
                                 "with your torch version")
             return  # an inference graph: nothing was planned
         plan.graphs[kind] = gm
+        if plan.unfolded and adapter.unfold(gm.graph, plan.unfolded):
+            gm.recompile()
         if kind == "backward":
             check_realized(plan)
             plan.graphs = dict.fromkeys(plan.graphs)  # matched and checked: the modules are not kept alive

@@ -36,7 +36,8 @@ from .request import PlanRequest
 
 log = logging.getLogger(__name__)
 
-FORMAT = 7  # 7: no scratch for ops Inductor generates code for, no horizontal fusion across an extern kernel
+FORMAT = 8  # 8: matmuls Inductor folds into an add placed there, or kept apart; 7: no scratch for ops Inductor
+# generates code for, no horizontal fusion across an extern kernel
 OFF = ("0", "off", "false", "no", "")
 
 

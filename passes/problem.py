@@ -32,11 +32,13 @@ GENERATED_KINDS = frozenset({"pointwise", "reduction"})  # op kinds Inductor wri
 
 @dataclass
 class Order:
-    """The fixed step order and who reads what, by node."""
+    """The fixed step order and who reads what, by node. ``unfolded``: the adds whose matmul
+    remat keeps Inductor from folding into them (:func:`fold_holds_more`), by name."""
 
     steps: list[fx.Node]
     step_of: dict[fx.Node, int]
     forward: set[fx.Node]
+    unfolded: frozenset[str] = frozenset()
 
     @property
     def last(self) -> int:
@@ -44,17 +46,26 @@ class Order:
 
 
 def fixed_order(graph: fx.Graph, node_info: adapter.NodeInfo, *, inductor: bool = False) -> Order:
-    """``inductor``: each matmul Inductor folds into the add that reads it runs at that add."""
+    """``inductor``: each matmul Inductor folds into the add that reads it runs at that add,
+    unless remat keeps it from folding there (the add is then in ``Order.unfolded``)."""
     ops = [n for n in graph.nodes if n.op == "call_function"]
     forward = {n for n in ops if node_info.is_required_fw(n)}
     # An output of a forward op that only the backward reads (layer norm's
     # mean and rstd) exists once the forward op ran: it is a forward value.
     forward |= {n for n in ops if multi_output_parent(n) in forward}
-    folded = addmm_folded(ops, forward) if inductor else {}
     fwd = [n for n in ops if n in forward]
-    steps = with_folded_at_add(fwd, folded) + backward_order([n for n in ops if n not in forward], graph,
-                                                             deferred=set(folded.values()))
-    return Order(steps, {n: i for i, n in enumerate(steps)}, forward)
+    bwd = [n for n in ops if n not in forward]
+    folded = addmm_folded(ops, forward) if inductor else {}
+    as_listed = fwd + backward_order(bwd, graph)
+    unfolded = {add for add, mm in folded.items() if fold_holds_more(mm, add, as_listed)}
+    folded = {add: mm for add, mm in folded.items() if add not in unfolded}
+    steps = with_folded_at_add(fwd, folded) + backward_order(bwd, graph, deferred=set(folded.values()))
+    return Order(steps, {n: i for i, n in enumerate(steps)}, forward, frozenset(n.name for n in unfolded))
+
+
+def unfolded_adds(graph: fx.Graph, node_info: adapter.NodeInfo) -> frozenset[str]:
+    """The adds remat keeps Inductor from folding a matmul into (``adapter.unfold`` them)."""
+    return fixed_order(graph, node_info, inductor=True).unfolded
 
 
 def addmm_folded(ops: list[fx.Node], forward: set[fx.Node]) -> dict[fx.Node, fx.Node]:
@@ -65,6 +76,33 @@ def addmm_folded(ops: list[fx.Node], forward: set[fx.Node]) -> dict[fx.Node, fx.
         if mm is not None and (mm in forward) == (add in forward):
             folded[add] = mm
     return folded
+
+
+def fold_holds_more(mm: fx.Node, add: fx.Node, steps: list[fx.Node]) -> bool:
+    """Whether folding ``mm`` into ``add`` holds more memory than it saves: folded, the matmul's
+    inputs live until the add; unfolded, its product alone does. Undone where some step lies
+    between the two, the inputs (parameters and batch aside: they live throughout) outweigh the
+    product, and the add can be undone (``adapter.can_unfold``). With tied embeddings this keeps
+    the logits gradient from living through the whole backward for the LM head's weight gradient."""
+    at = {n: i for i, n in enumerate(steps)}
+    if at[add] - at[mm] <= 1 or not adapter.can_unfold(add):
+        return False
+    held = sum(value_bytes(a) for a in mm.all_input_nodes if not is_placeholder_view(a))
+    return held > value_bytes(mm)
+
+
+def is_placeholder_view(node: fx.Node) -> bool:
+    """A graph input, or a view of one (a transposed weight)."""
+    while node.op == "call_function" and getattr(node.target, "is_view", False):
+        node = node.args[0]
+    return node.op == "placeholder"
+
+
+def value_bytes(node: fx.Node) -> int:
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return 0
+    return int(adapter.size_hint(val.numel())) * val.element_size()
 
 
 def with_folded_at_add(steps: list[fx.Node], folded: dict[fx.Node, fx.Node]) -> list[fx.Node]:

@@ -8,7 +8,8 @@ import torch
 import remat
 from remat import zoo
 from remat.measure import budget_peak
-from remat.passes import fit
+from bench import hf_models
+from remat.passes import fit, problem
 from remat.passes import inductor_account as account
 from remat.passes import torch_adapter as adapter
 from remat.errors import GIB
@@ -117,6 +118,29 @@ def test_one_byte_below_the_smallest_feasible_budget_is_refused(name: str) -> No
     with pytest.raises(remat.BudgetError) as caught:
         below(*inputs)
     assert caught.value.budget_bytes == low - 1 and caught.value.min_feasible_bytes == low
+
+
+@pytest.mark.skipif(not hf_models.available(), reason="transformers is not installed")
+def test_the_tied_head_gradient_kept_apart_lowers_the_smallest_budget(monkeypatch) -> None:
+    """HF GPT-2 ties its LM head to the embedding. Inductor would fold the head's weight gradient
+    into the embedding's at the end of the backward (an addmm), holding the logits gradient
+    (tokens x vocabulary) through the whole backward; remat keeps the two apart, which lowers the
+    smallest feasible budget by about that gradient less the head's (vocabulary x width), and the
+    program at it peaks as accounted. (Analytic costs: every compile plans from the same costs.)"""
+    sizes = {"layers": 1, "d_model": 32, "heads": 4, "seq": 32, "vocab": 256, "batch": 4}
+    model, inputs = hf_models.build("hf-gpt2", **sizes)
+    options = {"profile": "analytic", "plan_cache": False}
+    low = remat.plan(model, *inputs, **options).min_feasible_bytes
+    with monkeypatch.context() as patched:
+        patched.setattr(problem, "fold_holds_more", lambda *args: False)
+        torch._dynamo.reset()
+        folded = remat.plan(model, *inputs, **options).min_feasible_bytes
+    tokens, vocab, width = sizes["batch"] * sizes["seq"], sizes["vocab"], sizes["d_model"]
+    assert folded - low >= (tokens - width) * vocab * 4 // 2, (folded, low)
+    torch._dynamo.reset()
+    compiled = remat.compile(model, budget_gb=low / GIB, **options)
+    compiled(*inputs).backward()
+    assert measured_peak(model, compiled, inputs) == remat.reports(compiled)[0].compiled_peak_bytes <= low
 
 
 def test_a_program_far_under_its_target_gets_a_looser_faster_plan(monkeypatch, tmp_path) -> None:

@@ -39,7 +39,7 @@ from torch.fx.experimental.proxy_tensor import is_sym_node
 
 from . import aot_cache
 from .aot_cache import ProgramEntry, program_cache_usable, recording_program_entries, without_plan_key  # re-exported
-from .inductor_order import LocalHorizontalFusion, addmm_folded, fusion_choices, order_settings
+from .inductor_order import LocalHorizontalFusion, addmm_folded, can_unfold, fusion_choices, order_settings, unfold
 from .inductor_program import (  # re-exported: the adapter is one namespace
     _PARTITIONED_OUTPUTS,
     allocation_granularity,

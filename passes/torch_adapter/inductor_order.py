@@ -34,7 +34,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import weakref
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import torch
@@ -50,7 +50,7 @@ try:
 except ImportError:  # a torch without out-of-tree fusion choices: Inductor's own
     InductorChoices = None
 
-__all__ = ["FusedAtLastPart", "addmm_folded", "LocalHorizontalFusion", "fusion_choices", "has_fusion_choices", "order_settings"]
+__all__ = ["FusedAtLastPart", "addmm_folded", "can_unfold", "unfold", "LocalHorizontalFusion", "fusion_choices", "has_fusion_choices", "order_settings"]
 
 # torch 2.13 checks a scheduler pass against CustomSchedulerPass for its cache key; earlier
 # versions against CustomGraphPass (the same two methods, a graph in place of the nodes).
@@ -165,13 +165,35 @@ def addmm_folded(add: fx.Node) -> fx.Node | None:
 
     The rule is torch's: ``add(mm(a, b), c)`` or ``add(c, mm(a, b))``, the matmul read by the add
     alone, ``c`` a tensor that broadcasts to the product, all three of one dtype; on a GPU not
-    where every use of the sum is pointwise (there Inductor prefers the pointwise add)."""
-    if add.target is not torch.ops.aten.add.Tensor or len(add.args) != 2 or add.kwargs:
+    where every use of the sum is pointwise (there Inductor prefers the pointwise add). The
+    matcher reads no keyword of the add (an ``alpha`` included)."""
+    if getattr(add.target, "overloadpacket", None) is not torch.ops.aten.add or len(add.args) != 2:
         return None
     for mm, inp in (add.args, reversed(add.args)):
         if _folds(mm, inp):
             return mm
     return None
+
+
+def can_unfold(add: fx.Node) -> bool:
+    """Whether :func:`unfold` can keep Inductor from folding ``add``'s matmul: a plain add of two
+    tensors of one shape, which ``prims.add`` computes alike and the pattern does not match."""
+    mm = addmm_folded(add)
+    if mm is None or add.target is not torch.ops.aten.add.Tensor or add.kwargs:
+        return False
+    inp = add.args[1] if add.args[0] is mm else add.args[0]
+    return tuple(inp.meta["val"].shape) == tuple(mm.meta["val"].shape)
+
+
+def unfold(graph: fx.Graph, adds: Collection[str]) -> int:
+    """Make each add named in ``adds`` that :func:`can_unfold` a ``prims.add`` (the same
+    kernel), so that its matmul runs where the graph lists it; how many were changed."""
+    changed = 0
+    for node in graph.nodes:
+        if node.op == "call_function" and node.name in adds and can_unfold(node):
+            node.target = torch.ops.prims.add.default
+            changed += 1
+    return changed
 
 
 def _folds(mm: Any, inp: Any) -> bool:
