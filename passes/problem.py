@@ -188,9 +188,8 @@ def need_intervals(order: Order) -> tuple[dict[fx.Node, int], dict[fx.Node, int]
         if not starts:
             continue
         first[node] = min(starts)
-        later = [latest_start[u] for u in users]
-        latest_start[node] = min(direct) if direct else max(later)
-        last[node] = max(direct + later)
+        latest_start[node] = min(direct) if direct else max(latest_start[u] for u in users)
+        last[node] = max(direct + [latest_start[u] for u in users])
     return first, last
 
 

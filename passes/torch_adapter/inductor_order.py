@@ -22,7 +22,9 @@ it (``add(mm(a, b), c)`` becomes ``addmm(c, a, b)``, placed at the add): that ma
 add, not where the FX graph lists it, and its inputs live until then. On a GPT-2 with tied
 embeddings the LM head's weight gradient is added to the embedding's at the end of the backward,
 so the logits gradient stayed alive through the whole backward (the smallest-peak plan's program
-peaked 13 % above the plan). remat's model places such a matmul where Inductor will.
+peaked 13 % above the plan). Where that holds more than it saves, remat keeps the two apart
+(``unfold``: the add becomes ``prims.add``, the same kernel, which the pattern does not match);
+elsewhere its model places the matmul where Inductor will (``passes/problem.py``).
 
 ``LocalHorizontalFusion`` keeps fusions from undoing the same order: no horizontal fusion spans
 an extern kernel, since the fused kernel (at its last part) would carry the earlier part's
@@ -50,7 +52,8 @@ try:
 except ImportError:  # a torch without out-of-tree fusion choices: Inductor's own
     InductorChoices = None
 
-__all__ = ["FusedAtLastPart", "addmm_folded", "can_unfold", "unfold", "LocalHorizontalFusion", "fusion_choices", "has_fusion_choices", "order_settings"]
+__all__ = ["FusedAtLastPart", "LocalHorizontalFusion", "addmm_folded", "can_unfold", "fusion_choices",
+           "has_fusion_choices", "order_settings", "unfold"]
 
 # torch 2.13 checks a scheduler pass against CustomSchedulerPass for its cache key; earlier
 # versions against CustomGraphPass (the same two methods, a graph in place of the nodes).
