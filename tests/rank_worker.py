@@ -76,12 +76,13 @@ def budget_gb(model: torch.nn.Module, inputs: tuple, fraction: float, **options:
 
 
 def alone() -> dict[str, Any]:
-    """Agreement off: each rank's own (distorted) plans, at two binding budgets."""
+    """Agreement off: each rank's own (distorted) plans, at three binding budgets (at one budget two
+    distorted profiles can still lead to one plan: a CI run under load saw it at two)."""
     os.environ["REMAT_RANK_AGREEMENT"] = "off"
     try:
         model, inputs = build("gpt", layers=1)
         plans = {}
-        for fraction in (0.3, 0.6):
+        for fraction in (0.3, 0.45, 0.6):
             budget = budget_gb(model, inputs, fraction, compiler="eager")
             plans[str(fraction)] = decision(remat.plan(model, *inputs, budget_gb=budget, compiler="eager"))
         return plans
