@@ -36,14 +36,14 @@ from .request import PlanRequest
 
 log = logging.getLogger(__name__)
 
-FORMAT = 8  # 8: matmuls Inductor folds into an add placed there, or kept apart; 7: no scratch for ops Inductor
+FORMAT = 9  # 9: plans solved near the shared plan say how many decisions were fixed; 8: matmuls Inductor folds into an add placed there, or kept apart; 7: no scratch for ops Inductor
 # generates code for, no horizontal fusion across an extern kernel
 OFF = ("0", "off", "false", "no", "")
 
 
 # The solution's own facts a later compile reports as they were (the rest is recomputed
 # from the stored problem: peak, timeline, added time).
-SOLUTION_FACTS = ("solver", "status", "bound", "gap", "solve_seconds", "notes", "shared_blocks")
+SOLUTION_FACTS = ("solver", "status", "bound", "gap", "solve_seconds", "notes", "shared_blocks", "fixed_decisions")
 
 
 @dataclass(frozen=True)

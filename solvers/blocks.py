@@ -15,9 +15,10 @@ program's, equal where the optimum repeats.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 from .problem import Kind, Problem, Value
+from .solution import Solution
 
 Ties = dict[str, str]  # value of an interior copy -> the same value of the representative copy
 
@@ -81,3 +82,37 @@ def tied_blocks(problem: Problem, ties: Ties) -> int:
     """How many blocks take one shared set of decisions (representatives included)."""
     by_name = problem.by_name()
     return len({by_name[name].block for pair in ties.items() for name in pair})
+
+
+Fixed = dict[str, tuple[bool, bool]]  # value -> (kept, recomputed), decided before the solve
+
+
+def agreed_decisions(problem: Problem, plans: Sequence[Solution]) -> Fixed:
+    """For each set of blocks built alike (``shape``: the first and the last of a list
+    included), the decisions that every one of ``plans`` takes alike at a position of every
+    block. At the other positions each block decides for itself; every plan given takes the
+    decisions returned, so fixing them is a restriction of the program, never a change."""
+    members = _members(problem)
+    fixed: Fixed = {}
+    for blocks in _lists(members).values():
+        groups: dict[tuple, list[str]] = defaultdict(list)
+        for block in blocks:
+            groups[shape(members[block])].append(block)
+        for group in (g for g in groups.values() if len(g) >= 2):
+            copies = [[v.name for v in members[block] if v.is_candidate] for block in group]
+            for position in zip(*copies):
+                taken = {(name in plan.saved, name in plan.recomputed) for plan in plans for name in position}
+                if len(taken) == 1:
+                    fixed.update(dict.fromkeys(position, taken.pop()))
+    return fixed
+
+
+def shape(block: list[Value]) -> tuple:
+    """A block's candidates as op, bytes and the decisions that exist: what positions of two
+    blocks must share for a decision to be compared between them (operands may differ)."""
+    return tuple((v.op, v.bytes, v.savable, v.direct_need) for v in block if v.is_candidate)
+
+
+def takes(plan: Solution, fixed: Fixed) -> bool:
+    """Whether ``plan`` takes every decision of ``fixed``."""
+    return all((name in plan.saved, name in plan.recomputed) == kr for name, kr in fixed.items())

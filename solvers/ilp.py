@@ -19,7 +19,7 @@ from typing import Literal
 import pulp
 
 from .backends import Outcome, run_backend
-from .blocks import Ties, shared_decisions, tied_blocks
+from .blocks import Fixed, Ties, shared_decisions, tied_blocks
 from .errors import Infeasible, InvalidPlan, NoPlanFound
 from .model import (
     Interval,
@@ -59,7 +59,9 @@ class ILPConfig:
     OPTIMAL means proven within it. ``share_blocks``: 0, every value decides
     for itself; ``k`` >= 1, the interior copies of identical repeated blocks
     ``k`` places apart take one set of decisions (``blocks.py``), a smaller
-    program whose plans are a subset of the whole program's.
+    program whose plans are a subset of the whole program's. ``near``: a plan at a
+    budget on a graph of many identical blocks is solved near the shared plan (``near.py``,
+    through the solver registry).
     """
 
     backend: str = "highs"
@@ -68,6 +70,7 @@ class ILPConfig:
     threads: int | None = None
     msg: bool = False
     share_blocks: int = 0
+    near: bool = False  # at a budget, on graphs of many identical blocks: solve near the shared plan (near.py)
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,7 @@ class Model:
     scales: Scales
     objective: Objective = "time"
     ties: Ties = field(default_factory=dict)  # a copy's value -> its representative's (shared variables)
+    fixed: Fixed = field(default_factory=dict)  # decisions taken before the solve (near.py)
     rows: set[tuple] = field(default_factory=set)  # started and operand rows already added (tied copies repeat them)
 
 
@@ -125,16 +129,19 @@ class Program(pulp.LpProblem):  # type: ignore[misc]
 
 
 def add_variables(problem: Problem, budget_bytes: int | None, scales: Scales,
-                  starts: dict[str, Starts], ties: Ties | None = None) -> Model:
+                  starts: dict[str, Starts], ties: Ties | None = None, fixed: Fixed | None = None) -> Model:
     """S_v / R_v binaries for candidates (omitted where forced to 0), the
     continuous L_v,k in [0, 1] (v recomputed and alive in its k-th segment
-    before its read), M_t, P. A tied value shares its representative's."""
+    before its read), M_t, P. A tied value shares its representative's; a ``fixed``
+    value's binaries are fixed (both bounds) to the decision taken."""
     prob = Program("remat", pulp.LpMinimize)
     candidates, ties = problem.candidates(), ties or {}
     may_recompute = recomputable(problem)
     own = [(i, v) for i, v in enumerate(candidates) if v.name not in ties]
-    S = {v.name: _binary(prob, f"S_{i}") for i, v in own if v.savable}
-    R = {v.name: _binary(prob, f"R_{i}") for i, v in own if v.name in may_recompute}
+    fixed = fixed or {}
+    S = {v.name: _binary(prob, f"S_{i}", fixed.get(v.name, (None,))[0]) for i, v in own if v.savable}
+    R = {v.name: _binary(prob, f"R_{i}", fixed.get(v.name, (None, None))[1])
+         for i, v in own if v.name in may_recompute}
     L = {v.name: [prob.add_variable(f"L_{i}_{k}", lowBound=0, upBound=1)
                   for k in range(len(starts[v.name].bounds))]
          for i, v in enumerate(candidates) if v.name in may_recompute and not _shares_starts(v.name, ties, starts)}
@@ -151,7 +158,7 @@ def add_variables(problem: Problem, budget_bytes: int | None, scales: Scales,
     # budgets met with equality infeasible).
     cap = None if budget_bytes is None else (budget_bytes + 0.5) / scales.peak_cap
     P = prob.add_variable("P", lowBound=0, upBound=cap)
-    return Model(prob, candidates, S, R, L, starts, M, P, scales, ties=dict(ties))
+    return Model(prob, candidates, S, R, L, starts, M, P, scales, ties=dict(ties), fixed=dict(fixed))
 
 
 def _shares_starts(name: str, ties: Ties, starts: dict[str, Starts]) -> bool:
@@ -163,8 +170,12 @@ def _shares_starts(name: str, ties: Ties, starts: dict[str, Starts]) -> bool:
     return rep is not None and len(starts[name].bounds) == len(starts[rep].bounds)
 
 
-def _binary(prob: pulp.LpProblem, name: str) -> pulp.LpVariable:
-    return prob.add_variable(name, lowBound=0, upBound=1, cat=pulp.LpBinary)
+def _binary(prob: pulp.LpProblem, name: str, taken: bool | None = None) -> pulp.LpVariable:
+    """A 0/1 decision; ``taken`` fixes it (True: 1, False: 0)."""
+    var = prob.add_variable(name, lowBound=0, upBound=1, cat=pulp.LpBinary)
+    if taken is not None:  # after creating it: PuLP gives every binary the bounds 0 and 1
+        var.lowBound = var.upBound = int(taken)
+    return var
 
 
 def add_constraints(model: Model, problem: Problem) -> None:
@@ -338,13 +349,14 @@ def _affine(terms: Sequence[tuple[pulp.LpVariable, float]]) -> pulp.LpAffineExpr
 
 
 def build_model(problem: Problem, budget_bytes: int | None, objective: Objective = "time",
-                share_blocks: int = 0) -> Model:
+                share_blocks: int = 0, fixed: Fixed | None = None) -> Model:
     """The whole program for ``problem``; ``budget_bytes`` None is no budget. ``share_blocks``:
     the period at which interior copies of identical blocks share their decisions
-    (``blocks.shared_decisions``); 0 shares none."""
+    (``blocks.shared_decisions``); 0 shares none. ``fixed``: decisions taken before the
+    solve (``blocks.agreed_decisions``)."""
     starts = start_segments(problem)  # one pass over the graph serves the scales and the variables
     ties = shared_decisions(problem, recomputable(problem), share_blocks) if share_blocks else {}
-    model = add_variables(problem, budget_bytes, scales_for(problem, starts), starts, ties)
+    model = add_variables(problem, budget_bytes, scales_for(problem, starts), starts, ties, fixed)
     add_constraints(model, problem)
     add_objective(model, objective)
     model.prob.freeze()
@@ -358,6 +370,7 @@ def solve_ilp(
     config: ILPConfig | None = None,
     objective: Objective = "time",
     seeds: Sequence[Solution] = (),
+    fixed: Fixed | None = None,
 ) -> Solution:
     """The least added time within ``budget_bytes`` (objective "time"), or the
     smallest peak (objective "peak", no budget).
@@ -377,7 +390,7 @@ def solve_ilp(
     _check_fixed_fits(problem, budget_bytes)
     if not problem.candidates():  # nothing to decide: the check above settled it
         return evaluate(problem, (), solver=_name(config), status=Status.OPTIMAL)
-    model = build_model(problem, budget_bytes, objective, config.share_blocks)
+    model = build_model(problem, budget_bytes, objective, config.share_blocks, fixed)
     seed = seed_plan(problem, budget_bytes, objective, model, config, seeds)
     if seed is not None:
         warm_start(model, problem, seed)

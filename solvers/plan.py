@@ -26,6 +26,7 @@ from typing import Generic, TypeVar
 from .baselines import cheap_plans, checkpoint_blocks, save_matmuls, store_all
 from .errors import GIB, BudgetError, Infeasible, InvalidPlan, PlanError, format_bytes
 from .ilp import ILPConfig, min_peak
+from .near import many_blocks
 from .model import copies_kept_bytes, exact_starts, step_workspace
 from .problem import Kind, Problem, Value, storage_of
 from .registry import available, get
@@ -49,6 +50,12 @@ SMALLEST_PEAK_SHARING = 1
 # proves the budget feasible without the smallest-peak search (30 s, its time limit, on a
 # 4-layer d=128 GPT, where the ILP at half way to store-all was optimal in 0.65 s).
 FIRST_TRY_S = 10.0
+# A plan at a budget on a graph of at least near.MIN_COPIES identical blocks is solved near the
+# shared plan (near.py): on GPT-style graphs (d=256, seq 128) at half way to store-all, 12 layers
+# took 2.3 s with the smallest-peak solve against 14-16 s for the whole program (the same plan),
+# and 96 layers gave a plan 15x faster than the whole program's at its time limit
+# (FORMULATION.md, "Near the shared plan").
+NEAR = True
 
 
 @dataclass(frozen=True)
@@ -75,7 +82,7 @@ class Request:
 
     @property
     def config(self) -> ILPConfig:
-        return ILPConfig(time_limit_s=self.time_limit_s)
+        return ILPConfig(time_limit_s=self.time_limit_s, near=NEAR)
 
     @property
     def smallest_peak_config(self) -> ILPConfig:
@@ -177,8 +184,8 @@ def first_try(problem: Problem, budget: int, request: Request) -> Solution | Non
     """The ILP's plan within ``budget`` after at most ``FIRST_TRY_S``, or None when it has none
     by then (or the solver is not an ILP). A plan found proves the budget feasible; an optimal
     one is the plan."""
-    if not request.solver.startswith("ilp"):
-        return None
+    if not request.solver.startswith("ilp") or near(problem, request):
+        return None  # the near solve starts from the smallest-peak plan: the full path has it
     quick = replace(request, time_limit_s=min(request.time_limit_s, FIRST_TRY_S))
     try:
         plan = get(request.solver).solve(problem, budget, config=quick.config, seeds=[])
@@ -186,6 +193,11 @@ def first_try(problem: Problem, budget: int, request: Request) -> Solution | Non
         log.debug("remat: no quick plan within %s: %s", format_bytes(budget), exc)
         return None
     return plan if plan.peak_bytes <= budget else None
+
+
+def near(problem: Problem, request: Request) -> bool:
+    """Whether the plan at a budget is solved near the shared plan (``near.py``)."""
+    return request.solver.startswith("ilp") and request.config.near and many_blocks(problem)
 
 
 def fastest_of(plan: Solution, extra: Sequence[Solution], cap: int) -> Solution:
@@ -222,8 +234,9 @@ def solve_or_fall_back(problem: Problem, cap: int, request: Request, lowest: Low
     a plan above the exact memory, while ``lowest`` fits.
     """
     name = request.solver
-    # near the smallest peak the smallest-peak plan, when already solved, is the first plan that fits
-    starts = [*seeds, *([lowest()] if lowest.done else [])]
+    # near the smallest peak the smallest-peak plan, when already solved, is the first plan that fits;
+    # the near solve fixes what it and the shared plan agree on, so it is solved for that
+    starts = [*seeds, *([lowest()] if lowest.done or near(problem, request) else [])]
     kwargs = {"config": request.config, "seeds": starts} if name.startswith("ilp") else {}
     cause: Exception | None = None
     try:

@@ -16,6 +16,7 @@ from .backends import backend_available
 from .baselines import checkpoint_blocks, greedy, recompute_all, save_matmuls, store_all
 from .errors import SolverUnavailable
 from .ilp import ILPConfig, solve_ilp
+from .near import many_blocks, solve_near
 from .problem import Problem
 from .solution import Solution
 
@@ -117,7 +118,10 @@ class ILPSolver:
             note = f"{self.backend} unavailable (is highspy installed?): solved with {self.fallback}"
             log.warning("solver %r: %s", self.name, note)
             config, notes = replace(config, backend=self.fallback), (note,)
-        solution = solve_ilp(problem, budget_bytes, config=config, seeds=seeds)
+        if config.near and budget_bytes is not None and many_blocks(problem):
+            solution = solve_near(problem, budget_bytes, config=config, seeds=seeds)
+        else:
+            solution = solve_ilp(problem, budget_bytes, config=config, seeds=seeds)
         return replace(solution, notes=(*notes, *solution.notes))
 
 

@@ -25,7 +25,9 @@ class Solution:
     time, bytes when minimizing peak), ``gap`` the relative MIP gap. With
     ``shared_blocks`` > 0 the program gave that many identical blocks one set of
     decisions (``blocks.py``): ``bound``, ``gap`` and an OPTIMAL status hold within
-    plans that share them, not among every plan.
+    plans that share them, not among every plan. With ``fixed_decisions`` > 0 that many
+    decisions of identical blocks were fixed where near plans agree (``near.py``): the same holds
+    among plans that take them.
     """
 
     solver: str
@@ -40,6 +42,7 @@ class Solution:
     solve_seconds: float
     notes: tuple[str, ...] = ()
     shared_blocks: int = 0
+    fixed_decisions: int = 0
 
     def to_dict(self) -> dict[str, object]:
         """Plain JSON-ready data; sets become sorted lists."""
@@ -56,4 +59,5 @@ class Solution:
             "solve_seconds": self.solve_seconds,
             "notes": list(self.notes),
             "shared_blocks": self.shared_blocks,
+            "fixed_decisions": self.fixed_decisions,
         }

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .baselines import cheap_plans, store_all
-from .blocks import consistent
+from .blocks import consistent, takes
 from .model import candidate_users, exact_starts, step_workspace
 from .problem import Problem
 from .rounding import rounded_plans
@@ -33,12 +33,15 @@ def seed_plan(problem: Problem, budget_bytes: int | None, objective: Objective, 
     cheap plans (greedy, recompute-all, the peers' rules) and the relaxation's roundings
     (for "peak", the lowest). Raises InvalidPlan if none is valid."""
     kept_all = store_all(problem)
-    if objective == "time" and fits(kept_all, budget_bytes):
+    if objective == "time" and fits(kept_all, budget_bytes) and takes(kept_all, model.fixed):
         return kept_all
-    plans = cheap_plans(problem, 0 if budget_bytes is None else budget_bytes)
-    plans += rounded_plans(model, problem, config) + list(seeds)
+    plans = cheap_plans(problem, 0 if budget_bytes is None else budget_bytes) + list(seeds)
+    if not model.fixed:  # a rounding seldom takes the fixed decisions, and the caller's seeds do
+        plans += rounded_plans(model, problem, config)
     if model.ties:  # a warm start must be a point of this program
         plans = [p for p in plans if consistent(p.saved, p.recomputed, model.ties)] or [kept_all]
+    if model.fixed:
+        plans = [p for p in plans if takes(p, model.fixed)]
     if objective == "peak":
         return min(plans, key=lambda p: (p.peak_bytes, p.added_seconds))
     return min((p for p in plans if fits(p, budget_bytes)), key=lambda p: p.added_seconds, default=None)
@@ -49,7 +52,10 @@ def fits(plan: Solution, budget_bytes: int | None) -> bool:
 
 
 def warm_start(model: Model, problem: Problem, seed: Solution) -> None:
-    """Pass the seed as a MIP start, unless its start options put it over the budget."""
+    """Pass the seed as a MIP start, unless its start options put it over the budget or it
+    does not take the program's fixed decisions."""
+    if not takes(seed, model.fixed):
+        return
     chosen = seed_starts(model, problem, seed)
     line = timeline(problem, seed.saved, seed.recomputed, chosen)
     bound = model.P.upBound
