@@ -78,6 +78,11 @@ def consistent(saved: Collection[str], recomputed: Collection[str], ties: Ties) 
     return all((a in saved) == (r in saved) and (a in recomputed) == (r in recomputed) for a, r in ties.items())
 
 
+def longest_list(problem: Problem) -> int:
+    """How many blocks the longest list of ``problem`` has (``Value.block``; 0 without blocks)."""
+    return max(map(len, _lists(_members(problem)).values()), default=0)
+
+
 def tied_blocks(problem: Problem, ties: Ties) -> int:
     """How many blocks take one shared set of decisions (representatives included)."""
     by_name = problem.by_name()

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from .baselines import store_all
-from .blocks import _members, agreed_decisions
+from .blocks import agreed_decisions, longest_list
 from .ilp import ILPConfig, solve_ilp
 from .problem import Problem
 from .solution import Solution
@@ -35,11 +35,7 @@ SHARED_GAP = 0.03  # the shared plan only says where to look: proving it within 
 
 def many_blocks(problem: Problem) -> bool:
     """Whether ``problem`` has at least ``MIN_COPIES`` blocks in one list (``Value.block``)."""
-    lists: dict[str, int] = {}
-    for block in _members(problem):
-        key = block.rpartition(".")[0]
-        lists[key] = lists.get(key, 0) + 1
-    return max(lists.values(), default=0) >= MIN_COPIES
+    return longest_list(problem) >= MIN_COPIES
 
 
 def solve_near(problem: Problem, budget_bytes: int, *, config: ILPConfig, seeds: Sequence[Solution] = ()) -> Solution:
