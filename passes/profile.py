@@ -301,7 +301,9 @@ def measure_op(node: fx.Node, device: torch.device, repeats: int) -> tuple[float
 
 def op_cost(node: fx.Node, mode: Mode, device: torch.device, cache: TimingCache,
             repeats: int) -> tuple[float, float, int, bool]:
-    key = cache_key(node)
+    # an analytic profile never reads a measured entry (the process-wide cache holds both):
+    # the same graph must cost the same whatever was measured before it
+    key = cache_key(node) if mode == "measure" else ("analytic", *cache_key(node))
     if key in cache.entries:
         cache.hits += 1
         return cache.entries[key]

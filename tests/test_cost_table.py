@@ -106,3 +106,14 @@ def test_times_are_on_a_grid() -> None:
     assert profile.quantize_seconds(step * 1.05) == profile.quantize_seconds(step / 1.05) == pytest.approx(step)
     assert profile.quantize_seconds(step * profile.QUANTUM) > profile.quantize_seconds(step)
     assert profile.quantize_seconds(0.0) == 0.0
+
+
+def test_an_analytic_profile_reads_no_cost_measured_before_in_the_process() -> None:
+    """One process-wide timing cache serves both modes: an analytic profile of a graph costs
+    the same before and after the graph was measured (a plan must not depend on what ran before)."""
+    graph = _joint_graph()
+    shared = profile.TimingCache()
+    analytic = profile.profile_graph(graph, mode="analytic", cache=profile.TimingCache())
+    measured = profile.profile_graph(graph, mode="measure", cache=shared)
+    assert any(cost.measured for cost in measured.values())
+    assert profile.profile_graph(graph, mode="analytic", cache=shared) == analytic
