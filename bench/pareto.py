@@ -29,7 +29,7 @@ from remat.measure import budget_peak
 from remat.passes import torch_adapter as adapter
 
 log = logging.getLogger(__name__)
-SWEEP = (0.02, 0.25, 0.5, 0.75)  # of the way from remat's smallest feasible budget to store-all
+SWEEP = (0.0, 0.25, 0.5, 0.75)  # of the way from remat's smallest feasible budget to store-all
 SHARE = 0.01  # peers whose peaks are within 1 % share one remat measurement (the lower budget)
 
 

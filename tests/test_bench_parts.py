@@ -221,3 +221,17 @@ def test_fused_order_bench_plans_without_the_rules_then_with_each(monkeypatch: p
     table = fused_order.markdown([row])
     assert "| gpt | inductor order | 90.00 | 90.00 |" in table and "| gpt | last part | 80.00 | 80.00 |" in table
     assert "| gpt | last part local fusion | 70.00 | 70.00 |" in table
+
+
+def test_floor_bench_bound_is_below_every_plan_remat_accepts(tmp_path) -> None:
+    """The proven floor of the plan space is at or below the min-peak plan it comes with and the
+    smallest budget remat accepts (a bound above either would be a wrong proof), and the files say so."""
+    from bench import floor
+    from bench.__main__ import SIZES
+
+    row = floor.floor_of("gpt", 20.0, size=SIZES["smoke"]["gpt"], compiler="eager")
+    assert row["status"] == "optimal" and row["gap"] <= 1e-6
+    assert row["floor_bound_bytes"] <= row["floor_plan_bytes"] <= row["min_feasible_bytes"] < row["store_all_bytes"]
+    floor.write(tmp_path, [row], "python -m bench.floor")
+    text = next(tmp_path.glob("*-cpu-floor.md")).read_text()
+    assert "| gpt |" in text and "optimal, 0.00%" in text
