@@ -459,7 +459,7 @@ def _read_plan(
     if not fits(plan, budget_bytes):
         reason = f"extracted plan peaks at {plan.peak_bytes} > budget {budget_bytes}"
         return _fallback(seed, name, reason)
-    plan = replace(plan, bound=_bound(model, outcome), gap=outcome.gap)
+    plan = replace(plan, bound=bound_of(model, outcome.dual_bound), gap=outcome.gap)
     if seed is not None and _better(seed, plan, model):  # within the MIP gap, or time-limited
         note = f"the {seed.solver} warm start beat the solver's incumbent"
         return replace(seed, solver=name, status=outcome.status, bound=plan.bound, gap=plan.gap, notes=(note,))
@@ -472,17 +472,18 @@ def _better(seed: Solution, plan: Solution, model: Model) -> bool:
     return seed.added_seconds < plan.added_seconds
 
 
-def _bound(model: Model, outcome: Outcome) -> float | None:
-    """The solver's dual bound in seconds (time) or bytes (peak).
+def bound_of(model: Model, dual_bound: float | None) -> float | None:
+    """A dual bound of ``model``'s objective (the solver's, or its relaxation's optimum) in
+    seconds (time) or bytes (peak).
 
     The tie-break adds at most TIE_BREAK (peak) or 1 (time) objective unit,
     so it is subtracted to keep the bound valid for the main term alone.
     """
-    if outcome.dual_bound is None or not math.isfinite(outcome.dual_bound):
+    if dual_bound is None or not math.isfinite(dual_bound):
         return None
     if model.objective == "peak":
-        return max(0.0, (outcome.dual_bound - TIE_BREAK) * model.scales.bytes)
-    return max(0.0, (outcome.dual_bound - 1.0) * model.scales.seconds)
+        return max(0.0, (dual_bound - TIE_BREAK) * model.scales.bytes)
+    return max(0.0, (dual_bound - 1.0) * model.scales.seconds)
 
 
 def _fallback(seed: Solution | None, name: str, reason: str) -> Solution:

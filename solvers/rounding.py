@@ -11,7 +11,7 @@ where store-all, greedy and recompute-all are far off (see FORMULATION.md).
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import pulp
@@ -21,7 +21,7 @@ from .errors import InvalidPlan
 from .model import recomputable
 from .problem import Problem
 from .simulate import canonical, evaluate
-from .solution import Solution
+from .solution import Solution, Status
 
 if TYPE_CHECKING:
     from .ilp import ILPConfig, Model
@@ -30,22 +30,43 @@ THRESHOLDS = (0.05, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
 LP_SHARE = 0.5  # of the solve's time limit, at most, for the relaxation
 
 
-def rounded_plans(model: Model, problem: Problem, config: ILPConfig) -> list[Solution]:
-    """One plan per threshold that gives a valid one; [] when the relaxation fails.
+@dataclass(frozen=True)
+class Relaxation:
+    """The linear relaxation's solution: each value's keep and recompute fractions, and its
+    objective (None unless solved to optimality: only then is it a bound on the program)."""
 
-    Leaves every variable without a value, so no fraction becomes a MIP start.
+    solved: bool
+    keep: dict[str, float]
+    recompute: dict[str, float]
+    objective: float | None
+
+
+def relax(model: Model, config: ILPConfig) -> Relaxation:
+    """Solve ``model`` with every binary in [0, 1], within ``config``'s time limit.
+
+    Leaves every variable as it was and without a value, so no fraction becomes a MIP start.
     """
     kinds = {var.name: var.cat for var in model.prob.variables()}
     for var in model.prob.variables():
         var.cat = pulp.LpContinuous
     try:
-        outcome = run_backend(model.prob, replace(config, time_limit_s=config.time_limit_s * LP_SHARE))
+        outcome = run_backend(model.prob, config)
         keep = {name: var.varValue or 0.0 for name, var in model.S.items()}
+        recompute = {name: var.varValue or 0.0 for name, var in model.R.items()}
+        optimal = outcome.status is Status.OPTIMAL
+        objective = pulp.value(model.prob.objective) if optimal else None
     finally:
         for var in model.prob.variables():
             var.cat = kinds[var.name]
             var.varValue = None
-    if outcome.status is None:
+    return Relaxation(outcome.status is not None, keep, recompute, objective)
+
+
+def rounded_plans(model: Model, problem: Problem, config: ILPConfig) -> list[Solution]:
+    """One plan per threshold that gives a valid one; [] when the relaxation fails."""
+    relaxed = relax(model, replace(config, time_limit_s=config.time_limit_s * LP_SHARE))
+    keep = relaxed.keep
+    if not relaxed.solved:
         return []
     # what cannot be recomputed is kept whatever its fraction; canonical drops the unneeded
     fixed = {v.name for v in problem.candidates() if v.savable} - recomputable(problem)
