@@ -208,10 +208,19 @@ def compile_once(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Pla
     if not step.complete:
         log.warning("remat: %s; the compiled peak is a lower bound", step.incomplete_reason)
         plan.notes.append(f"compiled account incomplete: {step.incomplete_reason}")
-    # the rank's memory outside the graph (budget_scope "rank"): the program's peak is one part of it
-    peak = step.peak_bytes + rank_extra_bytes(plan.problem, plan.solution.saved)
+    # the rank's memory outside the graph (budget_scope "rank"): the program's peak is one part of it,
+    # and so is what it hands the backward while the eager head and loss run between the two
+    plan.handoff_bytes = step.handoff_bytes
+    peak = compiled_rank_peak(plan, step.peak_bytes, plan.problem.handoff_bytes)
     plan.compiled_peak_bytes = peak
     return compiled, plan, peak
+
+
+def compiled_rank_peak(plan: GraphPlan, program_peak: int, eager: int) -> int:
+    """The rank's peak under a plan whose program peaks at ``program_peak``, with ``eager`` bytes
+    of eager code between its forward and backward (``plan.handoff_bytes`` known)."""
+    extra = rank_extra_bytes(plan.problem, plan.solution.saved)
+    return max(program_peak, (plan.handoff_bytes or 0) + eager) + extra
 
 
 def compile_recorded(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, compile_graph: Compile,

@@ -58,6 +58,7 @@ class StepAccount:
     peak_at: str  # "forward" or "backward", and the line index
     complete: bool
     incomplete_reason: str = ""
+    handoff_bytes: int = 0  # alive when the forward returns: its inputs and what it hands the backward
 
 
 @contextlib.contextmanager
@@ -194,6 +195,7 @@ def step_account(programs: list[Program], workspace: Mapping[str, int] | None = 
         storages.pin(name)  # the caller holds parameters, buffers and the batch
     fwd_peak, fwd_where = run(forward, storages, "forward", scratch)
     handed = returned(forward, storages)
+    handoff = storages.alive
     for name in list(forward.inputs):
         storages.drop(name)  # the pins above hold them; forward's names are out of scope
     for fx_name, name in zip(backward.fx_inputs, backward.inputs):
@@ -207,4 +209,4 @@ def step_account(programs: list[Program], workspace: Mapping[str, int] | None = 
     peak, where = max((fwd_peak, fwd_where), (bwd_peak, bwd_where))
     unknown = sorted(set(forward.unknown + backward.unknown))
     reason = f"unknown wrapper line kinds {unknown}" if unknown else ""
-    return StepAccount(peak, where, not unknown, reason)
+    return StepAccount(peak, where, not unknown, reason, handoff)

@@ -59,7 +59,11 @@ def cuda_step_peak(step: Callable[[], Any], device: torch.device) -> int:
 
 
 def cpu_step_peak(step: Callable[[], Any]) -> int:
-    memory = adapter.cpu_memory_events(step)
+    return peak_of_events(adapter.cpu_memory_events(step))
+
+
+def peak_of_events(memory: list[dict[str, Any]]) -> int:
+    """Peak bytes allocated above the start of a profiling session, from its ``[memory]`` events."""
     if not memory:
         return 0
     # "Total Allocated" counts from where an earlier profiling session left

@@ -80,6 +80,7 @@ class GraphPlan:
     plan_cache: str = ""  # "stored" when written to the plan cache, "hit" when loaded from it
     cache_key: dict[str, object] | None = None  # the plan cache key it was stored under
     compiled_peak_bytes: int | None = None  # what the program Inductor generated peaks at
+    handoff_bytes: int | None = None  # alive when that program's forward returns: inputs, what it hands the backward
     compile_attempts: int = 0
     rank: int = 0  # under torch.distributed: this process's rank, and how many ranks agreed on the plan
     world_size: int = 1
@@ -368,7 +369,8 @@ class Planner:
         solution = replace(evaluate(problem, cached.saved), **facts)
         plan = GraphPlan(problem, solution, store_all(problem), self.request, cached.target, forward,
                          set(cached.random), self.lowest_of(problem), notes=list(cached.notes), plan_cache="hit",
-                         figures=dict(cached.figures), compiled_peak_bytes=cached.compiled_peak)
+                         figures=dict(cached.figures), compiled_peak_bytes=cached.compiled_peak,
+                         handoff_bytes=cached.handoff)
         if min_cut is None:
             plan.figures = {**NO_MIN_CUT, **plan.figures}
         self.defer_figures(plan, min_cut)
@@ -431,8 +433,9 @@ def scope_note(scope: RankScope | None, world_size: int, budget_scope: str) -> s
     if scope is not None:
         return (f"the budget bounds the rank's step ({scope.wrapper}): counted {format_bytes(scope.resident_bytes)} "
                 f"resident, {format_bytes(scope.comm_bytes)} of communication buffers and {scope.copies} other "
-                "copies of this graph's kept activations and inputs; not counted: eager code between compiled "
-                "graphs beyond the tensors it hands them (headroom= holds a fraction back for it)")
+                "copies of this graph's kept activations and inputs"
+                + (f", {format_bytes(scope.eager_bytes)} of eager head and loss" if scope.eager_bytes else
+                   "; the eager head and loss are measured on the first step and counted from the next"))
     if budget_scope == "rank":
         return "budget_scope=\"rank\" found no FSDP2 or DDP model around this graph: the budget bounds its own step"
     if world_size > 1:

@@ -63,6 +63,8 @@ class CachedPlan:
     # the peak of the program Inductor generated for this plan: a later compile whose
     # program comes from Inductor's own cache (no code generated, nothing to account) uses it
     compiled_peak: int | None = None
+    # bytes alive when that program's forward returns (its inputs and what it hands the backward)
+    handoff: int | None = None
 
 
 def entry_of(plan: Any) -> CachedPlan:
@@ -71,7 +73,7 @@ def entry_of(plan: Any) -> CachedPlan:
     facts = {name: getattr(solution, name) for name in SOLUTION_FACTS}
     facts["status"], facts["notes"] = solution.status.value, list(solution.notes)
     return CachedPlan(plan.problem, solution.saved, solution.recomputed, frozenset(plan.random_names), plan.target,
-                      facts, tuple(plan.notes), dict(plan.figures), plan.compiled_peak_bytes)
+                      facts, tuple(plan.notes), dict(plan.figures), plan.compiled_peak_bytes, plan.handoff_bytes)
 
 
 def cache_dir(setting: bool | str | os.PathLike[str]) -> Path | None:
@@ -195,14 +197,14 @@ def record_of(plan: CachedPlan) -> dict[str, Any]:
     rank 0 sends the other ranks, ``passes/ranks.py``)."""
     return {"saved": sorted(plan.saved), "recomputed": sorted(plan.recomputed), "random": sorted(plan.random),
             "target": plan.target, "solution": plan.solution, "notes": list(plan.notes), "figures": plan.figures,
-            "compiled_peak": plan.compiled_peak, "problem": problem_to_dict(plan.problem)}
+            "compiled_peak": plan.compiled_peak, "handoff": plan.handoff, "problem": problem_to_dict(plan.problem)}
 
 
 def plan_of_record(record: dict[str, Any]) -> CachedPlan:
     return CachedPlan(problem_from_dict(record["problem"]), frozenset(record["saved"]),
                       frozenset(record["recomputed"]), frozenset(record["random"]), record["target"],
                       dict(record["solution"]), tuple(record["notes"]), dict(record["figures"]),
-                      record["compiled_peak"])
+                      record["compiled_peak"], record.get("handoff"))
 
 
 def renamed_record(record: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:

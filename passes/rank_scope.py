@@ -5,13 +5,13 @@ L identical blocks runs its backward, the other L-1 blocks still hold their kept
 and their inputs, FSDP holds every local shard, the unsharded parameters of groups it does not
 reshard after forward (the root's), the next block's prefetched all-gather and a reduce-scatter
 input; DDP holds its gradient buckets. A :class:`RankScope` counts those bytes from FSDP2's own
-state and the module tree (nothing is measured), and the problem carries them
+state and the module tree (the eager parts are measured: below), and the problem carries them
 (``Problem.outside_bytes``, ``Problem.kept_copies``), so every memory row of the program is the
 rank's, and so is the predicted peak.
 
-Not counted: the eager code between compiled graphs (an FSDP2 model's embedding, head and loss
-when only its blocks are compiled) beyond the tensors it hands to them, and optimizer state (as
-on one GPU). ``headroom`` holds a fraction of the budget back for the former.
+The eager code between compiled graphs (an FSDP2 model's embedding, head and loss when only its
+blocks are compiled) is measured on the first step instead (``passes/eager_parts.py``) and
+counted from then on (``eager_bytes``). Not counted: optimizer state (as on one GPU).
 """
 
 from __future__ import annotations
@@ -40,7 +40,10 @@ class RankScope:
     - ``resident_bytes``: local parameter and gradient shards, unsharded parameters FSDP keeps
       between forward and backward (other than this graph's own), DDP's gradient buckets;
     - ``comm_bytes``: FSDP's prefetched all-gather output and one reduce-scatter input;
-    - ``copy_input_bytes``: the copies' activation inputs, which their backwards read.
+    - ``copy_input_bytes``: the copies' activation inputs, which their backwards read;
+    - ``eager_bytes``: what the eager code between the graph's last forward and its first
+      backward (a model's head and loss) allocates above what it found, measured on the first
+      step (``passes/eager_parts.py``); 0 until then.
     """
 
     wrapper: str
@@ -48,13 +51,16 @@ class RankScope:
     resident_bytes: int = 0
     comm_bytes: int = 0
     copy_input_bytes: int = 0
+    eager_bytes: int = 0
 
     @property
     def outside_bytes(self) -> int:
         return self.resident_bytes + self.comm_bytes + self.copy_input_bytes
 
     def applied(self, problem: Problem) -> Problem:
-        return replace(problem, outside_bytes=self.outside_bytes, kept_copies=self.copies)
+        # the eager bytes live between the graph's forward and its backward only: one memory row
+        return replace(problem, outside_bytes=self.outside_bytes, kept_copies=self.copies,
+                       handoff_bytes=self.eager_bytes)
 
     def key(self) -> dict[str, Any]:
         """What the plan cache keys on: a plan made for other outside memory is another plan."""

@@ -127,6 +127,17 @@ class Agreement:
         return box[0]
 
 
+def largest_on_any_rank(values: list[int]) -> list[int]:
+    """Each of ``values`` at its largest over the ranks (every rank calls this at the same point of
+    its step); ``values`` as they are on one rank, or where the ranks plan alone."""
+    rank, size = world()
+    if size == 1 or os.environ.get("REMAT_RANK_AGREEMENT", "on").strip().lower() in plan_cache.OFF:
+        return values
+    gathered: list[Any] = [None] * size
+    exchange(lambda: dist.all_gather_object(gathered, values, group=side_group()), rank)
+    return [max(column) for column in zip(*gathered)]
+
+
 def exchange(call: Callable[[], Any], rank: int) -> None:
     """A collective on the side group; its timeout or a lost peer as a PlanError that says what to do."""
     try:

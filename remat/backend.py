@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch.fx as fx
@@ -16,7 +17,7 @@ import torch.fx as fx
 from remat.passes import torch_adapter as adapter
 from remat.solvers.errors import GraphError
 from remat.passes.eager_compiler import compile_eager
-from remat.passes import plan_cache, program_cache, rank_scope, ranks
+from remat.passes import eager_parts, plan_cache, program_cache, rank_scope, ranks
 from remat.passes.fit import compile_fitted, compile_given, defer_min_feasible
 from remat.passes.partition import GraphPlan, PlanComplete, Planner
 
@@ -65,6 +66,17 @@ class RematBackend:
         self.planner.scope = rank_scope.scope_of(gm, example_inputs, self.planner.request.budget_scope)
         # the module's state the graph does not read is held all the same (a rank scope counts it already)
         self.planner.unread_state = 0 if self.planner.scope else rank_scope.unread_state_bytes(example_inputs)
+        planned = len(self.planner.plans)
+        compiled = self.agreed(gm, example_inputs)
+        if self.planner.scope is None or len(self.planner.plans) == planned or self.stop_after_plan:
+            return compiled
+        plan = self.planner.plans[-1]
+        # the eager code around the graph (head, loss) is measured on the first step, counted from the next
+        return eager_parts.EagerWatch(compiled, plan, lambda eager: self.replanned(gm, example_inputs, plan, eager),
+                                      lambda eager: self.recounted(plan, eager))
+
+    def agreed(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        """Plan and compile the graph as every rank agrees: rank 0 decides, the others follow."""
         agreement = ranks.Agreement.for_graph(gm.graph, self.planner.request)
         if agreement is not None and not agreement.decides:
             return self.follow(gm, example_inputs, agreement)
@@ -114,6 +126,24 @@ class RematBackend:
             if key is not None:  # the next process loads this plan's program whole
                 return program_cache.publish(gm, example_inputs, self.planner, adapter.compile_inductor, compiled, key)
             return compiled
+
+    def replanned(self, gm: fx.GraphModule, example_inputs: Sequence[Any], plan: GraphPlan,
+                  eager: int) -> Callable[..., Any]:
+        """``plan``'s graph planned and compiled again with ``eager`` bytes of eager parts counted;
+        the new plan takes the old one's place among the reports."""
+        self.planner.scope = replace(plan.scope, eager_bytes=eager)
+        self.planner.unread_state = 0
+        index = self.planner.plans.index(plan)
+        compiled = self.agreed(gm, example_inputs)
+        self.planner.plans.remove(plan)
+        self.planner.plans.insert(index, self.planner.plans.pop())
+        self.built.pop(plan, None)
+        return compiled
+
+    def recounted(self, plan: GraphPlan, eager: int) -> None:
+        """``plan`` still fits with ``eager`` bytes of eager parts: its figures count them."""
+        eager_parts.raised_by(plan, eager, self.planner.lowest_of)
+        self.built.pop(plan, None)
 
     def tell(self, agreement: ranks.Agreement | None, planned: int) -> None:
         """Rank 0: send the plan it compiled for the graph (None when it planned none)."""

@@ -90,6 +90,7 @@ class Report(Deferring):
     budget_scope: str = "graph"
     resident_bytes: int = 0  # local shards, unsharded parameters kept across the step, DDP's buckets
     comm_bytes: int = 0  # FSDP's prefetched all-gather and a reduce-scatter input
+    eager_bytes: int = 0  # the eager head and loss between forward and backward, measured on the first step
     kept_copies: int = 0  # other modules this graph's plan stands for, each holding its kept values
     copies_kept_bytes: int = 0  # what they hold: their kept values and inputs under this plan
     min_feasible_solve_seconds: float = Deferred(0.0)
@@ -222,7 +223,8 @@ class Report(Deferring):
             lines.append(f"measured peak          {gib(self.measured_peak_bytes)}")
         if self.budget_scope == "rank":
             lines.append(f"rank outside graph     {gib(self.resident_bytes)} resident, {gib(self.comm_bytes)} "
-                         f"communication, {gib(self.copies_kept_bytes)} kept by {self.kept_copies} other copies")
+                         f"communication, {gib(self.copies_kept_bytes)} kept by {self.kept_copies} other copies, "
+                         f"{gib(self.eager_bytes)} eager head and loss")
         lines += [
             f"recomputed             {len(self.recomputed)} of {len(self.nodes)} nodes; largest: {self.largest_recomputed()}",
             f"added time (predicted) {self.predicted_overhead_seconds * 1e3:+.3f} ms vs keeping everything",
@@ -282,7 +284,7 @@ def scope_fields(scope: Any, problem: Problem, solution: Solution) -> dict[str, 
         return {}
     copies = kept_by_copies(problem, solution.saved) + scope.copy_input_bytes
     return {"budget_scope": "rank", "resident_bytes": scope.resident_bytes, "comm_bytes": scope.comm_bytes,
-            "kept_copies": scope.copies, "copies_kept_bytes": copies}
+            "eager_bytes": scope.eager_bytes, "kept_copies": scope.copies, "copies_kept_bytes": copies}
 
 
 # --- timelines ---------------------------------------------------------------

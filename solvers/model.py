@@ -138,7 +138,15 @@ def fixed_diff(problem: Problem) -> list[int]:
     for value in problem.values:
         add_interval(diff, fixed_interval(value, problem.num_steps), value.fixed_bytes)
     add_interval(diff, whole_run(problem), problem.outside_bytes)
+    add_interval(diff, handoff_step(problem), problem.handoff_bytes)
     return diff
+
+
+def handoff_step(problem: Problem) -> Interval | None:
+    """The forward's last step: the graph holds there at least what it hands the backward, which
+    is alive while the rank's eager code (``handoff_bytes``) runs between forward and backward."""
+    last = problem.num_forward_steps - 1
+    return (last, last) if last >= 0 else None
 
 
 def whole_run(problem: Problem) -> Interval | None:

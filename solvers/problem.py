@@ -126,7 +126,11 @@ class Problem:
       inputs), added to every step;
     - ``kept_copies``: how many other copies of this graph (identical blocks that
       share its plan) hold their kept values through its whole step: each kept
-      value's bytes count that many more times at every step.
+      value's bytes count that many more times at every step;
+    - ``handoff_bytes``: memory the rank's eager code allocates between the
+      forward's last step and the backward's first (a model's head and loss),
+      added at the forward's last step, where the graph holds what it hands the
+      backward.
     """
 
     values: tuple[Value, ...]
@@ -136,6 +140,7 @@ class Problem:
     step_names: tuple[str, ...] = ()
     outside_bytes: int = 0
     kept_copies: int = 0
+    handoff_bytes: int = 0
     meta: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -144,8 +149,8 @@ class Problem:
             raise ValueError("Problem: value names must be unique")
         if self.workspace and len(self.workspace) != self.num_steps:
             raise ValueError("Problem: workspace needs one entry per step")
-        if self.outside_bytes < 0 or self.kept_copies < 0:
-            raise ValueError("Problem: outside_bytes and kept_copies cannot be negative")
+        if self.outside_bytes < 0 or self.kept_copies < 0 or self.handoff_bytes < 0:
+            raise ValueError("Problem: outside_bytes, kept_copies and handoff_bytes cannot be negative")
 
     def by_name(self) -> dict[str, Value]:
         return {v.name: v for v in self.values}
@@ -177,6 +182,7 @@ def problem_to_dict(problem: Problem) -> dict:
             "num_forward_steps": problem.num_forward_steps, "num_steps": problem.num_steps,
             "workspace": list(problem.workspace), "step_names": list(problem.step_names),
             "outside_bytes": problem.outside_bytes, "kept_copies": problem.kept_copies,
+            "handoff_bytes": problem.handoff_bytes,
             "meta": {k: str(v) for k, v in problem.meta.items()}}
 
 
@@ -192,4 +198,4 @@ def problem_from_dict(data: dict) -> Problem:
         values.append(Value(**{**row, **tuples, "kind": Kind(row["kind"])}))
     return Problem(tuple(values), data["num_forward_steps"], data["num_steps"], tuple(data["workspace"]),
                    tuple(data["step_names"]), data.get("outside_bytes", 0), data.get("kept_copies", 0),
-                   dict(data.get("meta", {})))
+                   data.get("handoff_bytes", 0), dict(data.get("meta", {})))

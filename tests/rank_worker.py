@@ -34,7 +34,7 @@ from tests.conftest import build
 WORKER_LIMIT_S = 420
 SCENARIOS = ("alone", "agreed", "budget_error", "different_graphs", "tagged_collective", "fsdp_fullgraph",
              "ddp_tiny_buckets", "fsdp_compile_then_shard", "fsdp_shard_then_compile", "ddp", "ddp_budget", "inductor",
-             "fsdp_rank_budget")
+             "fsdp_rank_budget", "fsdp_eager_parts")
 
 
 def distort_times(rank: int) -> None:
@@ -255,27 +255,61 @@ def sharded_blocks(base: torch.nn.Module, options: dict[str, Any]) -> torch.nn.M
 
 
 def fsdp_rank_budget() -> dict[str, Any]:
-    """FSDP2, 4 blocks compiled: a budget half way between the rank's smallest feasible and
-    store-all holds per rank as measured with budget_scope "rank" (the default), and not with
-    "graph", where each block graph gets the whole budget."""
+    """FSDP2, 4 blocks compiled: a budget a quarter of the way from the rank's smallest feasible
+    to its store-all peak (the eager head counted in both) holds per rank as measured with
+    budget_scope "rank" (the default), and not with "graph", where each block graph gets the
+    whole budget."""
     torch.manual_seed(0)
     base, inputs = build("gpt", layers=4, batch=4, seq=64)
     before = len(remat.reports())
-    sharded_blocks(base, {"compiler": "eager"})(*inputs).backward()
+    model = sharded_blocks(base, {"compiler": "eager"})
+    for _ in range(2):  # the second step counts the eager head and loss in the report
+        model(*inputs).backward()
     unbudgeted = remat.reports()[before]
-    budget = [unbudgeted.budget_at(0.5)]
+    budget = [unbudgeted.budget_at(0.25)]
     dist.broadcast_object_list(budget, src=0)
     result: dict[str, Any] = {"budget_bytes": budget[0], "scope_unbudgeted": unbudgeted.budget_scope}
     for scope in ("auto", "graph"):
         before = len(remat.reports())
         model = sharded_blocks(base, {"compiler": "eager", "budget_gb": budget[0] / GIB, "budget_scope": scope})
-        model(*inputs).backward()
+        for _ in range(2):  # the second step counts the eager head and loss the first measured
+            model(*inputs).backward()
         report = remat.reports()[before]
         result[scope] = {**decision(report), "measured": fsdp_bench.step_peaks(model, inputs)[0],
                          "predicted": report.predicted_peak_bytes, "budget_scope": report.budget_scope,
                          "kept_copies": report.kept_copies, "resident_bytes": report.resident_bytes,
                          "comm_bytes": report.comm_bytes, "graphs": len(remat.reports()) - before}
     return result
+
+
+def fsdp_eager_parts() -> dict[str, Any]:
+    """FSDP2, 4 blocks compiled, the embedding, head (a 4096-word vocabulary) and loss run eagerly.
+    The head and loss are measured on the first step and counted from the second. The budget lies
+    half way between the rank's smallest feasible and store-all peaks with them counted, so the
+    first step's plan, made without them, is over it and the second step's plan is not."""
+    torch.manual_seed(0)
+    base, inputs = build("gpt", layers=4, batch=4, seq=64, vocab=4096)
+    before = len(remat.reports())
+    generous = sharded_blocks(base, {"compiler": "eager", "budget_gb": 1.0})
+    for _ in range(2):  # the second step counts what the first measured
+        generous(*inputs).backward()
+    counted = remat.reports()[before]
+    budget = [(counted.min_feasible_bytes + counted.store_all_peak_bytes) // 2]
+    dist.broadcast_object_list(budget, src=0)
+    reference = fsdp_bench.sharded(base, None)  # (before the model: sharding resets dynamo)
+    before = len(remat.reports())
+    model = sharded_blocks(base, {"compiler": "eager", "budget_gb": budget[0] / GIB})
+    model(*inputs).backward()
+    first = remat.reports()[before]
+    first_plan = {**decision(first), "predicted": first.predicted_peak_bytes, "eager_bytes": first.eager_bytes}
+    model.zero_grad(set_to_none=True)
+    model(*inputs).backward()  # with the plan that counts them
+    reference(*inputs).backward()
+    report = remat.reports()[before]
+    return {"budget_bytes": budget[0], "generous_eager_bytes": counted.eager_bytes, "first": first_plan,
+            "later": {**decision(report), "predicted": report.predicted_peak_bytes, "eager_bytes": report.eager_bytes,
+                      "measured": fsdp_bench.step_peaks(model, inputs)[0], "notes": report.notes},
+            "graphs": len(remat.reports()) - before, "grads_match": grads_match(model, reference)}
 
 
 def main(rank: int, world: int, port: int, out: str) -> None:
@@ -289,7 +323,7 @@ def main(rank: int, world: int, port: int, out: str) -> None:
             "fsdp_fullgraph": fsdp_fullgraph, "ddp_tiny_buckets": ddp_tiny_buckets,
             "fsdp_compile_then_shard": functools.partial(fsdp_blocks, "compile-then-shard"),
             "fsdp_shard_then_compile": functools.partial(fsdp_blocks, "shard-then-compile"), "ddp": ddp, "ddp_budget": ddp_budget,
-            "inductor": inductor, "fsdp_rank_budget": fsdp_rank_budget}
+            "inductor": inductor, "fsdp_rank_budget": fsdp_rank_budget, "fsdp_eager_parts": fsdp_eager_parts}
     for name in SCENARIOS:
         fresh()
         results[name] = runs[name]()

@@ -132,7 +132,7 @@ def test_a_torchrun_launch_plans_once_for_both_ranks() -> None:
 
 
 def test_a_per_rank_budget_holds_as_measured_under_fsdp2_and_a_per_graph_one_does_not(ranks: list[dict]) -> None:
-    """4 blocks compiled per block under FSDP2 at a budget half way from the rank's smallest feasible to
+    """4 blocks compiled per block under FSDP2 at a budget a quarter of the way from the rank's smallest feasible to
     store-all: with the default scope (the rank's) every rank's measured step peak, local shards counted,
     is within it; with budget_scope="graph" the same budget is exceeded (each block graph gets all of it)."""
     for rank, result in enumerate(r["fsdp_rank_budget"] for r in ranks):
@@ -145,3 +145,21 @@ def test_a_per_rank_budget_holds_as_measured_under_fsdp2_and_a_per_graph_one_doe
         assert per_graph["measured"] > budget, f"rank {rank}: the per-graph budget held ({per_graph})"
     first, second = (r["fsdp_rank_budget"]["auto"] for r in ranks)
     assert (first["saved"], first["recomputed"]) == (second["saved"], second["recomputed"])
+
+
+def test_the_eager_head_and_loss_are_measured_on_the_first_step_and_counted_from_the_second(ranks: list[dict]) -> None:
+    """FSDP2 per-block compile with the head and loss run eagerly: the first step's plan, made without
+    them, is over the budget once they are counted; the plan of the steps after it counts the bytes
+    every rank agreed on, and each rank's measured step peak is within it and the budget."""
+    for rank, result in enumerate(r["fsdp_eager_parts"] for r in ranks):
+        budget, first, later = result["budget_bytes"], result["first"], result["later"]
+        eager = later["eager_bytes"]
+        assert eager > 0 and result["generous_eager_bytes"] == eager and first["eager_bytes"] == 0
+        assert first["predicted"] <= budget < first["predicted"] + eager, f"rank {rank}: {first} {eager} {budget}"
+        assert later["recomputed"] and len(later["recomputed"]) > len(first["recomputed"])
+        assert later["measured"] <= later["predicted"] <= budget, f"rank {rank}: {later} over {budget}"
+        assert any("eager" in note for note in later["notes"])
+        assert result["graphs"] == 1 and result["grads_match"]
+    first, second = (r["fsdp_eager_parts"]["later"] for r in ranks)
+    assert (first["saved"], first["recomputed"], first["eager_bytes"]) == (second["saved"], second["recomputed"],
+                                                                           second["eager_bytes"])

@@ -415,29 +415,62 @@ def cpu_memory_events(step: Callable[[], Any]) -> list[dict[str, Any]]:
     """The profiler's CPU ``[memory]`` events while ``step()`` runs, in order, each with its
     "Bytes" and running "Total Allocated" (read from the exported Kineto trace: no public API
     gives the running total)."""
-    import json
-    import os
-    import tempfile
-
-    from torch.profiler import ProfilerActivity, profile
-
-    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-    with _quiet_stderr():
-        prof.start()
+    recorder = CpuMemoryRecorder()
+    recorder.start()
     try:
         step()
     finally:
+        events = recorder.stop()
+    return events
+
+
+class CpuMemoryRecorder:
+    """The profiler's CPU ``[memory]`` events between :meth:`start` and :meth:`stop` (which may
+    be called from different frames, e.g. a forward's end and a gradient hook: a window of a
+    step). :meth:`start` raises ``RuntimeError`` where a profiler is already running."""
+
+    def __init__(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        self.prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+
+    def start(self) -> None:
         with _quiet_stderr():
-            prof.stop()
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            events = json.load(f)["traceEvents"]
-    finally:
-        os.unlink(path)
-    return [e["args"] for e in events if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0]
+            self.prof.start()
+
+    def discard(self) -> None:
+        """Stop, reading nothing."""
+        with _quiet_stderr():
+            self.prof.stop()
+
+    def stop(self) -> list[dict[str, Any]]:
+        return [e["args"] for e in self.stop_trace() if is_cpu_memory_event(e)]
+
+    def stop_trace(self) -> list[dict[str, Any]]:
+        """Stop; every trace event, each with its "name", "ts" and "args"."""
+        import json
+        import os
+        import tempfile
+
+        self.discard()
+        fd, path = tempfile.mkstemp(suffix=".json")
+        os.close(fd)
+        try:
+            self.prof.export_chrome_trace(path)
+            with open(path) as f:
+                return json.load(f)["traceEvents"]
+        finally:
+            os.unlink(path)
+
+
+def is_cpu_memory_event(event: dict[str, Any]) -> bool:
+    return event.get("name") == "[memory]" and event.get("args", {}).get("Device Type", 0) == 0
+
+
+def profiler_mark(name: str) -> None:
+    """A zero-length range named ``name`` in the running profiler's trace (none without one)."""
+    with torch.profiler.record_function(name):
+        pass
 
 
 @contextlib.contextmanager

@@ -275,6 +275,20 @@ def test_a_long_chain_starts_where_it_is_first_needed(monkeypatch: pytest.Monkey
     assert min_peak(problem, config=EXACT).peak_bytes > 1020
 
 
+def assert_ilp_matches_brute_force(problem: Problem) -> list[int]:
+    """At the smallest peak and half way up the plans' peaks the ILP finds the fastest plan brute
+    force does, and the smallest peak too; the plans' distinct peaks, lowest first."""
+    plans = brute_force(problem)
+    peaks = sorted({p.peak_bytes for p in plans})
+    for budget in (peaks[0], peaks[len(peaks) // 2]):
+        best = min(p.added_seconds for p in plans if p.peak_bytes <= budget)
+        plan = solve_ilp(problem, budget, config=EXACT)
+        assert_valid(problem, plan, budget)
+        assert plan.added_seconds == pytest.approx(best, rel=1e-6, abs=1e-9)
+    assert min_peak(problem, config=EXACT).peak_bytes == peaks[0]
+    return peaks
+
+
 @pytest.mark.parametrize("index", range(0, len(SMALL), 2))
 def test_other_copies_and_outside_memory_enter_every_row(index: int) -> None:
     """A per-rank problem (two more copies of the graph keep their kept values; shards held
@@ -287,13 +301,21 @@ def test_other_copies_and_outside_memory_enter_every_row(index: int) -> None:
         scoped = evaluate(problem, plan.saved)
         assert [a - b for a, b in zip(scoped.timeline, plan.timeline)] == [extra] * len(plan.timeline)
         assert rank_extra_bytes(problem, plan.saved) == extra
-    plans = brute_force(problem)
-    peaks = sorted({p.peak_bytes for p in plans})
-    for budget in (peaks[0], peaks[len(peaks) // 2]):
-        best = min(p.added_seconds for p in plans if p.peak_bytes <= budget)
-        plan = solve_ilp(problem, budget, config=EXACT)
-        assert_valid(problem, plan, budget)
-        assert plan.added_seconds == pytest.approx(best, rel=1e-6, abs=1e-9)
-    assert min_peak(problem, config=EXACT).peak_bytes == peaks[0]
+    peaks = assert_ilp_matches_brute_force(problem)
     with pytest.raises(Infeasible):
         solve_ilp(problem, peaks[0] - 1, config=EXACT)
+
+
+@pytest.mark.parametrize("index", range(0, len(SMALL), 2))
+def test_eager_handoff_bytes_enter_the_forwards_last_row_only(index: int) -> None:
+    """The rank's eager head and loss run between the forward and the backward: the simulator adds
+    them at the forward's last step alone, and the ILP still matches brute force over it."""
+    alone = SMALL[index]
+    handoff = 1 + max(p.peak_bytes for p in brute_force(alone)[:8]) // 3
+    problem = replace(alone, handoff_bytes=handoff)
+    last = alone.num_forward_steps - 1
+    for plan in brute_force(alone)[:8]:
+        shifted = evaluate(problem, plan.saved).timeline
+        assert [a - b for a, b in zip(shifted, plan.timeline)] == [handoff if t == last else 0
+                                                                 for t in range(len(shifted))]
+    assert_ilp_matches_brute_force(problem)

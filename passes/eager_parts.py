@@ -1,0 +1,251 @@
+"""The eager parts of a rank's step, measured on its first step (``budget_scope="rank"``).
+
+Under FSDP2 with each block compiled (or DDP around a compiled model) code that no compiled
+graph holds runs between the graphs: the model's embedding, its head and its loss. Their
+memory is in no graph and in no FSDP state. The part that matters runs between the graph's
+last forward call and its first backward: the head and the loss, forward and backward, while
+every block holds its kept activations. So on the first step each rank measures that window:
+the peak bytes allocated above what was allocated when the graph's last forward call returned,
+until the gradient of its output arrives (CUDA: the caching allocator's statistics, whose peak
+this resets; CPU: the profiler's memory events). At the graph's next call the ranks take the
+largest window any of them measured and the rank scope counts it (``RankScope.eager_bytes``,
+``Problem.handoff_bytes``) at the graph's last forward step, where the graph holds what it hands
+its backward (under Inductor: beside what the compiled forward returns). A plan that still fits
+keeps its program, its figures read again with those bytes; one that does not is planned and
+compiled again, or the budget is refused, on every rank, with the smallest budget that fits. The
+first step itself ran with them uncounted: where that put it over the budget, a warning says so.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from remat.solvers.errors import BudgetError, format_bytes
+from remat.solvers.model import rank_extra_bytes
+from remat.solvers.simulate import timeline
+
+from . import torch_adapter as adapter
+from .partition import MIN_FEASIBLE, defer_min_feasible
+from .ranks import largest_on_any_rank
+
+log = logging.getLogger(__name__)
+UNKNOWN = -1  # a window not measured (a profiler of the caller's was running on the CPU)
+# forward calls with no gradient arriving (a model run with grad on but no backward) after which the
+# window closes unmeasured: on the CPU its profiler would otherwise record for ever
+MAX_CALLS = 1024
+
+
+class EagerWindow:
+    """Peak bytes allocated from the last :meth:`open` to :meth:`end`, above what was allocated at
+    that :meth:`open`, read by :meth:`close` later. On the CPU one profiling session runs from
+    the first :meth:`open` to :meth:`close`, :meth:`open` and :meth:`end` marking its trace:
+    starting and stopping it at every forward call is slow (and under FSDP2 was seen to crash),
+    and a profiler stopped inside a backward is enabled again when the backward ends (autograd
+    restores the thread's state), so :meth:`end`, called from a gradient hook, only marks."""
+
+    OPEN, END = "remat::eager_window_open", "remat::eager_window_end"
+
+    def __init__(self) -> None:
+        self.device: torch.device | None = None
+        self.start = 0
+        self.peak = UNKNOWN
+        self.recorder: adapter.CpuMemoryRecorder | None = None
+        self.unavailable = False  # the caller was profiling: nothing measured
+
+    def open(self, device: torch.device) -> None:
+        self.device = device
+        if device.type == "cuda":
+            self.start = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            return
+        if self.recorder is None and not self.unavailable:
+            recorder = adapter.CpuMemoryRecorder()
+            try:
+                recorder.start()
+                self.recorder = recorder
+            except RuntimeError:  # the caller is profiling: one profiler at a time
+                self.unavailable = True
+        if self.recorder is not None:
+            adapter.profiler_mark(self.OPEN)
+
+    def end(self) -> None:
+        if self.device is not None and self.device.type == "cuda":
+            self.peak = max(0, torch.cuda.max_memory_allocated(self.device) - self.start)
+        elif self.recorder is not None:
+            adapter.profiler_mark(self.END)
+
+    def close(self) -> int:
+        """The window's peak; call it outside any backward."""
+        self.device = None
+        if self.recorder is None:
+            return self.peak
+        recorder, self.recorder = self.recorder, None
+        return peak_between_marks(recorder.stop_trace(), self.OPEN, self.END)
+
+    def cancel(self) -> None:
+        if self.recorder is not None:
+            self.recorder.discard()
+            self.recorder = None
+        self.device = None
+
+
+def peak_between_marks(trace: list[dict[str, Any]], opened: str, ended: str) -> int:
+    """Peak bytes allocated from the last ``opened`` mark before the first ``ended`` mark of a
+    profiler trace up to it, above the running total at ``opened``; UNKNOWN without both marks."""
+    ends = [e["ts"] for e in trace if e.get("name") == ended]
+    opens = [e["ts"] for e in trace if e.get("name") == opened and ends and e["ts"] <= ends[0]]
+    if not opens:
+        return UNKNOWN
+    start_ts, end_ts = opens[-1], ends[0]
+    memory = sorted((e for e in trace if adapter.is_cpu_memory_event(e)), key=lambda e: e["ts"])
+    before = [e["args"] for e in memory if e["ts"] < start_ts]
+    inside = [e["args"] for e in memory if start_ts <= e["ts"] <= end_ts]
+    if before:
+        start = before[-1]["Total Allocated"]
+    elif inside:
+        start = inside[0]["Total Allocated"] - inside[0]["Bytes"]
+    else:
+        return 0
+    return max(0, max((m["Total Allocated"] for m in inside), default=start) - start)
+
+
+class State(enum.Enum):
+    MEASURING = "measuring"  # the first step: each forward call opens the window anew
+    COUNTING = "counting"  # measured: counted at the next call, when every rank is there
+    DONE = "done"
+
+
+class EagerWatch:
+    """A graph's compiled callable, which measures the eager window on the first step and
+    counts it at the next call: ``recount(eager)`` when the plan still fits with it (it raises
+    the plan's figures), else ``replan(eager)``, which returns the callable of a plan that fits
+    (or raises ``BudgetError``)."""
+
+    def __init__(self, compiled: Callable[..., Any], plan: Any, replan: Callable[[int], Callable[..., Any]],
+                 recount: Callable[[int], None]) -> None:
+        self.compiled, self.plan, self.replan, self.recount = compiled, plan, replan, recount
+        self.window = EagerWindow()
+        self.hooks: list[Any] = []
+        self.measured = UNKNOWN
+        self.state = State.MEASURING
+        self.calls = 0
+        if getattr(compiled, "_boxed_call", False):  # called with one list, as the compiled callable is
+            self._boxed_call = True
+
+    def __del__(self) -> None:
+        # a graph called once and freed (a one-step run): its CPU profiler stops with it
+        try:
+            self.window.cancel()
+        except Exception:  # at interpreter exit torch may be half gone: nothing left to stop
+            pass
+
+    def __call__(self, *args: Any) -> Any:
+        if self.state is State.COUNTING:
+            self.state = State.DONE
+            self.measured = self.window.close()
+            self.count()
+        out = self.compiled(*args)
+        if self.state is State.MEASURING:
+            self.calls += 1
+            self.watch(out)
+        return out
+
+    def watch(self, out: Any) -> None:
+        """A forward call returned: the window opens here, until its outputs' first gradient."""
+        self.unhook()
+        if self.calls > MAX_CALLS:  # no backward came: count nothing, at the next call
+            self.window.cancel()
+            self.state = State.COUNTING
+            return
+        tensors = [t for t in _leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if not tensors:  # a call that no backward follows
+            return
+        self.window.open(tensors[0].device)
+        self.hooks = [t.register_hook(self.gradient_arrived) for t in tensors]
+
+    def gradient_arrived(self, grad: torch.Tensor) -> None:
+        if self.hooks:  # the first of the outputs' gradients: the backward reaches this graph
+            self.window.end()
+            self.unhook()
+            self.state = State.COUNTING
+
+    def unhook(self) -> None:
+        for hook in self.hooks:
+            hook.remove()
+        self.hooks = []
+
+    def count(self) -> None:
+        """Every rank at its next call: the largest window any measured, counted in the plan."""
+        (eager,) = largest_on_any_rank([self.measured])
+        if eager == UNKNOWN:
+            log.warning("remat: the eager parts of the step (its head and loss) were not measured on the first "
+                        "step (a profiler was running, or no backward followed): the per-rank budget does not "
+                        "count them")
+            self.plan.notes.append("eager parts not measured on the first step (a profiler was running, or no "
+                                   "backward followed): not counted")
+            return
+        budget, target = self.plan.request.budget_bytes, self.plan.target
+        if target is None or budget is None:  # no budget: the report counts them
+            self.recount(eager)
+            return
+        (peak,) = largest_on_any_rank([rank_peak_with(self.plan, eager)])
+        if peak > budget:
+            log.warning("remat: the first step ran with the eager parts uncounted (%s between the last forward "
+                        "and the first backward: the head and loss), which put the rank's predicted peak at %s, "
+                        "over the budget %s; planning again with them", format_bytes(eager),
+                        format_bytes(peak), format_bytes(budget))
+        if peak <= target:
+            self.recount(eager)
+            return
+        try:
+            self.compiled = self.replan(eager)
+        except BudgetError as exc:
+            raise BudgetError(f"with the eager parts of the step measured on the first step ({format_bytes(eager)} "
+                              f"between the last forward and the first backward: the model's head and loss): {exc}",
+                              budget_bytes=exc.budget_bytes, min_feasible_bytes=exc.min_feasible_bytes) from None
+
+
+def rank_peak_with(plan: Any, eager: int) -> int:
+    """The rank's peak under ``plan`` with ``eager`` bytes of eager code between the graph's forward
+    and its backward: by its compiled program where there is one (Inductor), else by the model."""
+    saved = plan.solution.saved
+    if plan.compiled_peak_bytes is None:
+        return max(timeline(replace(plan.problem, handoff_bytes=eager), saved, plan.solution.recomputed), default=0)
+    if plan.handoff_bytes is None:  # a program whose forward's end was not read: as if at its peak
+        return plan.compiled_peak_bytes + eager
+    return max(plan.compiled_peak_bytes, plan.handoff_bytes + eager + rank_extra_bytes(plan.problem, saved))
+
+
+def raised_by(plan: Any, eager: int, lowest_of: Callable[[Any], Any]) -> None:
+    """Count ``eager`` bytes in a plan that still fits with them: its problem holds them at the
+    forward's last step, and its peaks, the smallest-peak plan (``lowest_of(problem)``) and the
+    smallest feasible budget are read again from it."""
+    if plan.compiled_peak_bytes is not None:
+        plan.compiled_peak_bytes = rank_peak_with(plan, eager)
+    plan.scope = replace(plan.scope, eager_bytes=eager)
+    plan.problem = plan.scope.applied(plan.problem)
+    plan.lowest = lowest_of(plan.problem)
+    plan.solution = with_timeline(plan.problem, plan.solution)
+    plan.store_all = with_timeline(plan.problem, plan.store_all)
+    for name in MIN_FEASIBLE:
+        plan.figures.pop(name, None)
+    defer_min_feasible(plan)
+    plan.notes.append(f"counted {format_bytes(eager)} of eager parts (the head and loss between the last forward "
+                      "and the first backward), measured on the first step")
+
+
+def with_timeline(problem: Any, solution: Any) -> Any:
+    line = timeline(problem, solution.saved, solution.recomputed)
+    return replace(solution, peak_bytes=max(line, default=0), timeline=line)
+
+
+def _leaves(out: Any) -> list[Any]:
+    if isinstance(out, (list, tuple)):
+        return [leaf for item in out for leaf in _leaves(item)]
+    return [out]

@@ -1,0 +1,126 @@
+"""The eager head and loss of a rank's step, measured on the first step (passes/eager_parts.py).
+
+The 2-rank FSDP2 test is in tests/test_ranks.py; here the window's arithmetic, the watch's
+decisions on a stand-in plan, and one process with a rank scope stood in for FSDP2's.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+
+import remat
+from remat.passes import eager_parts, rank_scope
+from remat.passes.eager_parts import UNKNOWN, EagerWatch, peak_between_marks
+from remat.solvers.errors import BudgetError
+from remat.zoo import build
+
+OPEN, END = eager_parts.EagerWindow.OPEN, eager_parts.EagerWindow.END
+
+
+def memory(ts: int, nbytes: int, total: int) -> dict[str, Any]:
+    return {"name": "[memory]", "ts": ts, "args": {"Bytes": nbytes, "Total Allocated": total, "Device Type": 0}}
+
+
+def test_the_window_runs_from_the_last_open_before_the_end_and_counts_above_what_was_allocated_there() -> None:
+    trace = [memory(1, 100, 100), {"name": OPEN, "ts": 2}, memory(3, 500, 600), memory(4, -500, 100),
+             {"name": OPEN, "ts": 5}, memory(6, 300, 400), memory(7, 200, 600), memory(8, -500, 100),
+             {"name": END, "ts": 9}, memory(10, 5000, 5100), {"name": OPEN, "ts": 11}]
+    assert peak_between_marks(trace, OPEN, END) == 500  # 600 at most after the second open, 100 there
+    assert peak_between_marks([memory(1, 10, 10)], OPEN, END) == UNKNOWN
+
+
+@dataclass
+class StandInPlan:
+    """A compiled plan whose program's forward end is unknown: with eager bytes it peaks that
+    much higher (``rank_peak_with``)."""
+
+    compiled_peak_bytes: int
+    target: int
+    budget: int
+    notes: list[str] = field(default_factory=list)
+    handoff_bytes = None
+    solution = type("S", (), {"saved": frozenset()})()
+
+    @property
+    def request(self) -> Any:
+        return type("R", (), {"budget_bytes": self.budget})()
+
+
+def watch_one_step(plan: StandInPlan, eager: int, replan: Any) -> tuple[EagerWatch, list[int]]:
+    """A watch over an identity 'graph': one step whose head allocates ``eager`` bytes (the
+    window's reading is stood in), then the next call."""
+    recounted: list[int] = []
+    watch = EagerWatch(lambda x: (x * 1,), plan, replan, recounted.append)
+    x = torch.ones(3, requires_grad=True)
+    (out,) = watch(x)
+    watch.window.cancel()
+    watch.window.peak = eager  # what a CUDA window reads at the gradient's arrival
+    out.sum().backward()
+    assert watch.state is eager_parts.State.COUNTING
+    watch(x)
+    return watch, recounted
+
+
+def test_a_plan_that_still_fits_with_the_eager_bytes_is_recounted_not_replanned() -> None:
+    plan = StandInPlan(compiled_peak_bytes=600, target=1000, budget=1000)
+    watch, recounted = watch_one_step(plan, 300, replan=lambda eager: pytest.fail("planned again"))
+    assert recounted == [300] and watch.state is eager_parts.State.DONE
+
+
+def test_a_plan_over_the_budget_with_them_is_replanned_and_its_program_used_from_then_on() -> None:
+    plan = StandInPlan(compiled_peak_bytes=800, target=1000, budget=1000)
+    asked: list[int] = []
+
+    def replan(eager: int) -> Any:
+        asked.append(eager)
+        return lambda x: (x * 2,)
+
+    watch, recounted = watch_one_step(plan, 300, replan)
+    assert asked == [300] and not recounted
+    assert torch.equal(watch(torch.ones(2))[0], torch.full((2,), 2.0))
+
+
+def test_a_budget_no_plan_fits_with_them_is_refused_naming_the_eager_parts() -> None:
+    def replan(eager: int) -> Any:
+        raise BudgetError("budget 1000 B is below the smallest feasible budget 1500 B", budget_bytes=1000,
+                          min_feasible_bytes=1500)
+
+    with pytest.raises(BudgetError, match="eager parts of the step") as caught:
+        watch_one_step(StandInPlan(compiled_peak_bytes=800, target=1000, budget=1000), 700, replan)
+    assert caught.value.min_feasible_bytes == 1500
+
+
+def test_a_window_not_measured_counts_nothing_and_says_so() -> None:
+    plan = StandInPlan(compiled_peak_bytes=800, target=1000, budget=1000)
+    watch, recounted = watch_one_step(plan, UNKNOWN, replan=lambda eager: pytest.fail("planned again"))
+    assert not recounted and any("not measured" in n for n in plan.notes)
+
+
+def test_one_process_measures_its_eager_head_and_plans_again_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks compiled one by one under a rank scope (stood in for FSDP2's): the first step
+    measures the head and loss on the CPU (the profiler's memory events) and the second plans
+    with them; the gradients stay eager's."""
+    monkeypatch.setattr(rank_scope, "scope_of", lambda gm, inputs, scope: rank_scope.RankScope("FSDP2", copies=1))
+    torch.manual_seed(0)
+    model, inputs = build("gpt", layers=2, batch=4, seq=64, vocab=4096)
+    reference = copy.deepcopy(model)
+    torch._dynamo.reset()
+    before = len(remat.reports())
+    for block in model.blocks:
+        block.compile(backend="remat", options={"compiler": "eager", "budget_gb": 1.0, "plan_cache": False})
+    model(*inputs).backward()
+    assert remat.reports()[before].eager_bytes == 0
+    model.zero_grad(set_to_none=True)
+    model(*inputs).backward()
+    reference(*inputs).backward()
+    (report,) = remat.reports()[before:]
+    logits = 4 * 64 * 4096 * 4
+    assert 2 * logits <= report.eager_bytes < 6 * logits  # the logits, their softmax and gradient
+    assert report.predicted_peak_bytes >= report.eager_bytes and "eager head and loss" in report.summary()
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad)
