@@ -27,10 +27,11 @@ from typing import Any
 import torch
 
 from remat.solvers.errors import BudgetError, format_bytes
-from remat.solvers.model import rank_extra_bytes
 from remat.solvers.simulate import timeline
 
 from . import torch_adapter as adapter
+from .fit import compiled_rank_peak
+from .measure import peak_of_events
 from .partition import MIN_FEASIBLE, defer_min_feasible
 from .ranks import largest_on_any_rank
 
@@ -102,17 +103,9 @@ def peak_between_marks(trace: list[dict[str, Any]], opened: str, ended: str) -> 
     opens = [e["ts"] for e in trace if e.get("name") == opened and ends and e["ts"] <= ends[0]]
     if not opens:
         return UNKNOWN
-    start_ts, end_ts = opens[-1], ends[0]
     memory = sorted((e for e in trace if adapter.is_cpu_memory_event(e)), key=lambda e: e["ts"])
-    before = [e["args"] for e in memory if e["ts"] < start_ts]
-    inside = [e["args"] for e in memory if start_ts <= e["ts"] <= end_ts]
-    if before:
-        start = before[-1]["Total Allocated"]
-    elif inside:
-        start = inside[0]["Total Allocated"] - inside[0]["Bytes"]
-    else:
-        return 0
-    return max(0, max((m["Total Allocated"] for m in inside), default=start) - start)
+    # a running total: the window's first event says where the window started
+    return peak_of_events([e["args"] for e in memory if opens[-1] <= e["ts"] <= ends[0]])
 
 
 class State(enum.Enum):
@@ -214,12 +207,13 @@ class EagerWatch:
 def rank_peak_with(plan: Any, eager: int) -> int:
     """The rank's peak under ``plan`` with ``eager`` bytes of eager code between the graph's forward
     and its backward: by its compiled program where there is one (Inductor), else by the model."""
-    saved = plan.solution.saved
     if plan.compiled_peak_bytes is None:
-        return max(timeline(replace(plan.problem, handoff_bytes=eager), saved, plan.solution.recomputed), default=0)
+        problem = replace(plan.problem, handoff_bytes=eager)
+        return max(timeline(problem, plan.solution.saved, plan.solution.recomputed), default=0)
     if plan.handoff_bytes is None:  # a program whose forward's end was not read: as if at its peak
         return plan.compiled_peak_bytes + eager
-    return max(plan.compiled_peak_bytes, plan.handoff_bytes + eager + rank_extra_bytes(plan.problem, saved))
+    # the program's peak stands as accepted; the hand-off with the eager bytes may now be higher
+    return max(plan.compiled_peak_bytes, compiled_rank_peak(plan, 0, eager))
 
 
 def raised_by(plan: Any, eager: int, lowest_of: Callable[[Any], Any]) -> None:

@@ -57,6 +57,11 @@ def world() -> tuple[int, int]:
     return 0, 1
 
 
+def exchanging() -> bool:
+    """Whether ranks exchange anything: more than one, and agreement not turned off."""
+    return world()[1] > 1 and os.environ.get("REMAT_RANK_AGREEMENT", "on").strip().lower() not in plan_cache.OFF
+
+
 _WARNED: set[str] = set()
 
 
@@ -87,9 +92,9 @@ class Agreement:
     def for_graph(cls, graph: fx.Graph, request: Any) -> Agreement | None:
         """The exchange for ``graph`` planned under ``request`` (a ``PlanRequest``): ranks agree
         when both are the same on every rank."""
-        rank, size = world()
-        if size == 1 or os.environ.get("REMAT_RANK_AGREEMENT", "on").strip().lower() in plan_cache.OFF:
+        if not exchanging():
             return None
+        rank, size = world()
         group = side_group()
         prints: list[Any] = [None] * size
         mine = json.dumps([plan_cache.graph_fingerprint(graph, by_position=True), plan_cache.request_key(request)],
@@ -130,9 +135,9 @@ class Agreement:
 def largest_on_any_rank(values: list[int]) -> list[int]:
     """Each of ``values`` at its largest over the ranks (every rank calls this at the same point of
     its step); ``values`` as they are on one rank, or where the ranks plan alone."""
-    rank, size = world()
-    if size == 1 or os.environ.get("REMAT_RANK_AGREEMENT", "on").strip().lower() in plan_cache.OFF:
+    if not exchanging():
         return values
+    rank, size = world()
     gathered: list[Any] = [None] * size
     exchange(lambda: dist.all_gather_object(gathered, values, group=side_group()), rank)
     return [max(column) for column in zip(*gathered)]

@@ -132,7 +132,6 @@ class RematBackend:
         """``plan``'s graph planned and compiled again with ``eager`` bytes of eager parts counted;
         the new plan takes the old one's place among the reports."""
         self.planner.scope = replace(plan.scope, eager_bytes=eager)
-        self.planner.unread_state = 0
         index = self.planner.plans.index(plan)
         compiled = self.agreed(gm, example_inputs)
         self.planner.plans.remove(plan)

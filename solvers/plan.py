@@ -27,7 +27,7 @@ from .baselines import cheap_plans, checkpoint_blocks, save_matmuls, store_all
 from .errors import GIB, BudgetError, Infeasible, InvalidPlan, PlanError, format_bytes
 from .ilp import ILPConfig, min_peak
 from .near import many_blocks
-from .model import copies_kept_bytes, exact_starts, step_workspace
+from .model import copies_kept_bytes, exact_starts, handoff_step, step_workspace
 from .problem import Kind, Problem, Value, storage_of
 from .registry import available, get
 from .simulate import added_seconds, alive_at, closure, evaluate
@@ -324,7 +324,7 @@ def breakdown_at_peak(problem: Problem, solution: Solution) -> dict[str, int]:
         parts[category(value, why, step)] += nbytes
     parts["op workspace"] += step_workspace(problem, solution.recomputed, exact_starts(problem, solution.recomputed))[step]
     parts["the rank's memory outside this graph (shards, communication buffers)"] += problem.outside_bytes
-    if step == problem.num_forward_steps - 1:
+    if handoff_step(problem) == (step, step):
         parts["the eager head and loss between forward and backward"] += problem.handoff_bytes
     parts["other copies' kept activations"] += copies_kept_bytes(problem, solution.saved)
     return dict(sorted(((k, b) for k, b in parts.items() if b), key=lambda kv: -kv[1]))

@@ -39,6 +39,7 @@ from torch.fx.experimental.proxy_tensor import is_sym_node
 
 from . import aot_cache
 from .aot_cache import ProgramEntry, program_cache_usable, recording_program_entries, without_plan_key  # re-exported
+from .profiler import CpuMemoryRecorder, cpu_memory_events, is_cpu_memory_event, profiler_mark  # re-exported
 from .inductor_order import LocalHorizontalFusion, addmm_folded, can_unfold, fusion_choices, order_settings, unfold
 from .inductor_program import (  # re-exported: the adapter is one namespace
     _PARTITIONED_OUTPUTS,
@@ -409,86 +410,6 @@ def size_hint(size: int | torch.SymInt | torch.SymFloat | torch.SymBool) -> Any:
         node_hint = size.node.hint
         return type(node_hint)(node_hint) if node_hint is not None else 1
     return size
-
-
-def cpu_memory_events(step: Callable[[], Any]) -> list[dict[str, Any]]:
-    """The profiler's CPU ``[memory]`` events while ``step()`` runs, in order, each with its
-    "Bytes" and running "Total Allocated" (read from the exported Kineto trace: no public API
-    gives the running total)."""
-    recorder = CpuMemoryRecorder()
-    recorder.start()
-    try:
-        step()
-    finally:
-        events = recorder.stop()
-    return events
-
-
-class CpuMemoryRecorder:
-    """The profiler's CPU ``[memory]`` events between :meth:`start` and :meth:`stop` (which may
-    be called from different frames, e.g. a forward's end and a gradient hook: a window of a
-    step). :meth:`start` raises ``RuntimeError`` where a profiler is already running."""
-
-    def __init__(self) -> None:
-        from torch.profiler import ProfilerActivity, profile
-
-        self.prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-
-    def start(self) -> None:
-        with _quiet_stderr():
-            self.prof.start()
-
-    def discard(self) -> None:
-        """Stop, reading nothing."""
-        with _quiet_stderr():
-            self.prof.stop()
-
-    def stop(self) -> list[dict[str, Any]]:
-        return [e["args"] for e in self.stop_trace() if is_cpu_memory_event(e)]
-
-    def stop_trace(self) -> list[dict[str, Any]]:
-        """Stop; every trace event, each with its "name", "ts" and "args"."""
-        import json
-        import os
-        import tempfile
-
-        self.discard()
-        fd, path = tempfile.mkstemp(suffix=".json")
-        os.close(fd)
-        try:
-            self.prof.export_chrome_trace(path)
-            with open(path) as f:
-                return json.load(f)["traceEvents"]
-        finally:
-            os.unlink(path)
-
-
-def is_cpu_memory_event(event: dict[str, Any]) -> bool:
-    return event.get("name") == "[memory]" and event.get("args", {}).get("Device Type", 0) == 0
-
-
-def profiler_mark(name: str) -> None:
-    """A zero-length range named ``name`` in the running profiler's trace (none without one)."""
-    with torch.profiler.record_function(name):
-        pass
-
-
-@contextlib.contextmanager
-def _quiet_stderr() -> Iterator[None]:
-    """Close the process's stderr for the block: kineto prints a line on every
-    profiler start and stop, from C++, that no setting turns off."""
-    import os
-    import sys
-
-    sys.stderr.flush()
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(devnull)
-        os.close(saved)
 
 
 def mutated_inputs(graph: fx.Graph) -> set[str]:
