@@ -29,7 +29,7 @@ from .plan_cache import OFF
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1  # bump when what a measurement means changes (grid, threads, workspace rule)
+FORMAT = 2  # bump when what a measurement means changes (grid, threads, workspace rule, measuring thread)
 Entry = tuple[float, float, int, bool]  # seconds, flops, workspace, measured
 
 

@@ -6,8 +6,8 @@ memory is in no graph and in no FSDP state. The part that matters runs between t
 last forward call and its first backward: the head and the loss, forward and backward, while
 every block holds its kept activations. So on the first step each rank measures that window:
 the peak bytes allocated above what was allocated when the graph's last forward call returned,
-until the gradient of its output arrives (CUDA: the caching allocator's statistics, whose peak
-this resets; CPU: the profiler's memory events). At the graph's next call the ranks take the
+until the gradient of its output arrives (CUDA: the caching allocator's statistics, read, never reset;
+CPU: a profiler session of remat's own, only where the caller runs none: :class:`EagerWindow`). At the graph's next call the ranks take the
 largest window any of them measured and the rank scope counts it (``RankScope.eager_bytes``,
 ``Problem.handoff_bytes``) at the graph's last forward step, where the graph holds what it hands
 its backward (under Inductor: beside what the compiled forward returns). A plan that still fits
@@ -36,7 +36,8 @@ from .partition import MIN_FEASIBLE, defer_min_feasible
 from .ranks import largest_on_any_rank
 
 log = logging.getLogger(__name__)
-UNKNOWN = -1  # a window not measured (a profiler of the caller's was running on the CPU)
+UNKNOWN = -1  # a window not measured (no backward followed the forward)
+DEFERRED = -2  # a window not measured because a profiler of the caller's was running: a later step measures
 # forward calls with no gradient arriving (a model run with grad on but no backward) after which the
 # window closes unmeasured: on the CPU its profiler would otherwise record for ever
 MAX_CALLS = 1024
@@ -44,55 +45,68 @@ MAX_CALLS = 1024
 
 class EagerWindow:
     """Peak bytes allocated from the last :meth:`open` to :meth:`end`, above what was allocated at
-    that :meth:`open`, read by :meth:`close` later. On the CPU one profiling session runs from
-    the first :meth:`open` to :meth:`close`, :meth:`open` and :meth:`end` marking its trace:
-    starting and stopping it at every forward call is slow (and under FSDP2 was seen to crash),
-    and a profiler stopped inside a backward is enabled again when the backward ends (autograd
-    restores the thread's state), so :meth:`end`, called from a gradient hook, only marks."""
+    that :meth:`open`, read by :meth:`close` later; ``DEFERRED`` where it could not be measured
+    without disturbing a profiler of the caller's.
+
+    CUDA: the caching allocator's statistics, read, never reset (a caller reading
+    ``max_memory_allocated`` around the step reads what it would without remat): exact where the
+    window raised the allocator's peak, else the peak before the window (a bound, and ``bounded``).
+    CPU: one profiler session of remat's own from the first :meth:`open`, marked at each :meth:`open`
+    and at :meth:`end`, opened only when no profiler of the caller's runs, and stopped as the backward
+    that reached :meth:`end` returns (stopped inside the backward, autograd would enable it again when
+    the backward ends, and the caller's next profiler would be refused)."""
 
     OPEN, END = "remat::eager_window_open", "remat::eager_window_end"
 
     def __init__(self) -> None:
         self.device: torch.device | None = None
-        self.start = 0
+        self.start = self.prior_peak = 0
         self.peak = UNKNOWN
-        self.recorder: adapter.CpuMemoryRecorder | None = None
-        self.unavailable = False  # the caller was profiling: nothing measured
+        self.bounded = False
+        self.session: adapter.OwnSession | None = None
+        self.deferred = False  # the caller was profiling as it opened: measure on a later step
 
     def open(self, device: torch.device) -> None:
         self.device = device
         if device.type == "cuda":
             self.start = torch.cuda.memory_allocated(device)
-            torch.cuda.reset_peak_memory_stats(device)
+            self.prior_peak = torch.cuda.max_memory_allocated(device)
             return
-        if self.recorder is None and not self.unavailable:
-            recorder = adapter.CpuMemoryRecorder()
+        if self.session is None and not self.deferred:
+            session = adapter.OwnSession()
             try:
-                recorder.start()
-                self.recorder = recorder
-            except RuntimeError:  # the caller is profiling: one profiler at a time
-                self.unavailable = True
-        if self.recorder is not None:
+                session.start()
+                self.session = session
+            except adapter.ProfilerBusy:
+                self.deferred = True
+        if self.session is not None:
             adapter.profiler_mark(self.OPEN)
 
     def end(self) -> None:
         if self.device is not None and self.device.type == "cuda":
-            self.peak = max(0, torch.cuda.max_memory_allocated(self.device) - self.start)
-        elif self.recorder is not None:
+            peak = torch.cuda.max_memory_allocated(self.device)
+            self.bounded = peak <= self.prior_peak  # the window's own peak is not above an earlier one
+            self.peak = max(0, peak - self.start)
+        elif self.session is not None:
             adapter.profiler_mark(self.END)
+            if not adapter.when_backward_returns(self.stop):
+                self.stop()  # no backward entry point to wait for (a backward started from C++)
+
+    def stop(self) -> None:
+        if self.session is not None:
+            session, self.session = self.session, None
+            self.peak = peak_between_marks(session.stop(), self.OPEN, self.END)
 
     def close(self) -> int:
-        """The window's peak; call it outside any backward."""
+        """The window's peak (``DEFERRED`` or ``UNKNOWN`` where not measured); call it outside any backward."""
         self.device = None
-        if self.recorder is None:
-            return self.peak
-        recorder, self.recorder = self.recorder, None
-        return peak_between_marks(recorder.stop_trace(), self.OPEN, self.END)
+        self.cancel()
+        return DEFERRED if self.deferred else self.peak
 
     def cancel(self) -> None:
-        if self.recorder is not None:
-            self.recorder.discard()
-            self.recorder = None
+        if self.session is not None:
+            self.session.stop()
+            self.session = None
         self.device = None
 
 
@@ -103,7 +117,9 @@ def peak_between_marks(trace: list[dict[str, Any]], opened: str, ended: str) -> 
     opens = [e["ts"] for e in trace if e.get("name") == opened and ends and e["ts"] <= ends[0]]
     if not opens:
         return UNKNOWN
-    memory = sorted((e for e in trace if adapter.is_cpu_memory_event(e)), key=lambda e: e["ts"])
+    cpu = torch.device("cpu")
+    memory = sorted((e for e in trace if e.get("name") == "[memory]" and adapter.on_device(e["args"], cpu)),
+                    key=lambda e: e["ts"])
     # a running total: the window's first event says where the window started
     return peak_of_events([e["args"] for e in memory if opens[-1] <= e["ts"] <= ends[0]])
 
@@ -149,6 +165,17 @@ class EagerWatch:
             self.watch(out)
         return out
 
+    def defer(self) -> None:
+        """A profiler of the caller's ran through the window: measure it on the next step instead."""
+        if not any("deferred" in note for note in self.plan.notes):
+            log.info("remat: the eager parts of the step were not measured while your profiler ran; "
+                     "remat measures them on the next step without one")
+            self.plan.notes.append("eager parts deferred: a profiler of the caller's was running on the step "
+                                   "that would measure them; measured on the first step without one")
+        self.window = EagerWindow()
+        self.state = State.MEASURING
+        self.calls = 0
+
     def watch(self, out: Any) -> None:
         """A forward call returned: the window opens here, until its outputs' first gradient."""
         self.unhook()
@@ -176,11 +203,17 @@ class EagerWatch:
     def count(self) -> None:
         """Every rank at its next call: the largest window any measured, counted in the plan."""
         (eager,) = largest_on_any_rank([self.measured])
+        if eager == DEFERRED:  # every rank's caller was profiling: the next step measures
+            self.defer()
+            return
+        if self.window.bounded:
+            self.plan.notes.append("eager parts counted at most: their window did not raise the allocator's peak, "
+                                   "so the peak before it bounds them")
         if eager == UNKNOWN:
             log.warning("remat: the eager parts of the step (its head and loss) were not measured on the first "
-                        "step (a profiler was running, or no backward followed): the per-rank budget does not "
+                        "step (no backward followed its forward): the per-rank budget does not "
                         "count them")
-            self.plan.notes.append("eager parts not measured on the first step (a profiler was running, or no "
+            self.plan.notes.append("eager parts not measured on the first step (no "
                                    "backward followed): not counted")
             return
         budget, target = self.plan.request.budget_bytes, self.plan.target

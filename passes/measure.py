@@ -3,9 +3,9 @@
     peak bytes allocated during the step - bytes allocated just before it
     + bytes of the graph's inputs
 
-On CUDA from the caching allocator's statistics; on the CPU from the
-profiler's ``[memory]`` events, whose running "Total Allocated" covers
-Inductor's buffers too.
+From the ``[memory]`` events of a profiler session of remat's own, whose
+running "Total Allocated" covers Inductor's buffers too (the allocator's peak
+statistics are never reset).
 """
 
 from __future__ import annotations
@@ -42,28 +42,36 @@ def budget_peak(step: Callable[[], Any], model: Any, inputs: Iterable[Any], devi
 
 
 def step_peak(step: Callable[[], Any], device: torch.device | str) -> int:
-    """Peak bytes allocated while ``step()`` runs, above what was allocated before."""
+    """Peak bytes allocated on ``device`` while ``step()`` runs, above what was allocated before.
+
+    Read from the ``[memory]`` events of a profiler session of remat's own (CPU and CUDA alike),
+    never from the allocator's peak statistics, which it leaves as they were (a caller reading
+    ``torch.cuda.max_memory_allocated`` around the step reads what it would without remat). While
+    a profiler of the caller's runs, remat starts none beside it: ``ProfilerBusy`` says so."""
     device = torch.device(device)
     if device.type == "cuda":
-        return cuda_step_peak(step, device)
-    return cpu_step_peak(step)
+        torch.cuda.synchronize(device)
+
+    def synchronized() -> None:
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    events = adapter.own_memory_events(synchronized)
+    return peak_of_events([e for e in events if adapter.on_device(e, device)])
 
 
-def cuda_step_peak(step: Callable[[], Any], device: torch.device) -> int:
-    torch.cuda.synchronize(device)
-    before = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    step()
-    torch.cuda.synchronize(device)
-    return torch.cuda.max_memory_allocated(device) - before
+def cuda_step_peak(step: Callable[[], Any], device: torch.device | str = "cuda") -> int:
+    return step_peak(step, device)
 
 
 def cpu_step_peak(step: Callable[[], Any]) -> int:
-    return peak_of_events(adapter.cpu_memory_events(step))
+    return step_peak(step, "cpu")
 
 
 def peak_of_events(memory: list[dict[str, Any]]) -> int:
-    """Peak bytes allocated above the start of a profiling session, from its ``[memory]`` events."""
+    """Peak bytes allocated above the start of a profiling session, from its ``[memory]`` events
+    of one device."""
     if not memory:
         return 0
     # "Total Allocated" counts from where an earlier profiling session left

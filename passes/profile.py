@@ -248,18 +248,24 @@ def count_flops(fn: Callable[[], Any]) -> float:
 
 
 def measure_workspace(fn: Callable[[], Any], device: torch.device, out_bytes: int) -> int:
-    """Scratch bytes an op allocates beyond its outputs, at its peak."""
-    if device.type != "cuda":
-        from .measure import cpu_step_peak
+    """Scratch bytes an op allocates beyond its outputs, at its peak (call it on the measuring
+    thread: :func:`profile_graph` runs there)."""
+    # the smaller of two runs: a first call may allocate caches it keeps
+    peak = min(adapter.thread_memory_peak(fn, device), adapter.thread_memory_peak(fn, device))
+    return max(0, peak - out_bytes)
 
-        # the smaller of two runs: a first call may allocate caches it keeps
-        return max(0, min(cpu_step_peak(fn), cpu_step_peak(fn)) - out_bytes)
-    torch.cuda.synchronize(device)
-    before = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    fn()
-    torch.cuda.synchronize(device)
-    return max(0, torch.cuda.max_memory_allocated(device) - before - out_bytes)
+
+@contextlib.contextmanager
+def caller_rng_kept(device: torch.device) -> Iterator[None]:
+    """Random inputs (and random ops measured alone) draw from a stream seeded here, and the
+    caller's random state is as it was afterwards: a step's random numbers after remat's first
+    step are eager's, and two processes measure ops on the same inputs."""
+    cuda = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.random.default_generator.manual_seed(0)
+        for index in cuda:
+            torch.cuda.default_generators[index].manual_seed(0)
+        yield
 
 
 def device_of(graph: fx.Graph) -> torch.device:
@@ -369,10 +375,16 @@ def profile_graph(graph: fx.Graph, *, mode: Mode = "measure", cache: TimingCache
     for node in graph.nodes:
         if node.target in adapter.CONVOLUTIONS:
             node.meta[CHANNELS_LAST] = layout
-    with torch.no_grad(), adapter.real_tensors():
-        for node in progress(list(graph.nodes), desc="remat: profiling", unit="op"):
-            if node.op in ("placeholder", "call_function"):
-                node.meta["remat"] = costs[node.name] = annotate(node, mode, device, cache, repeats)
+
+    def annotate_all() -> None:
+        with caller_rng_kept(device):
+            for node in progress(list(graph.nodes), desc="remat: profiling", unit="op"):
+                if node.op in ("placeholder", "call_function"):
+                    node.meta["remat"] = costs[node.name] = annotate(node, mode, device, cache, repeats)
+
+    # on remat's own thread: no profiler of the caller's sees the ops measured, nor slows them
+    with adapter.MeasuringThread(device) as thread:
+        thread.run(annotate_all)
     if table is not None:
         table.store({signature(key): entry for key, entry in cache.entries.items()})
     log.debug("profiled %d nodes, %d cache hits", len(costs), cache.hits)

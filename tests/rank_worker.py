@@ -14,6 +14,7 @@ import functools
 import json
 import logging
 import os
+import pathlib
 import random
 import sys
 from typing import Any
@@ -34,7 +35,7 @@ from tests.conftest import build
 WORKER_LIMIT_S = 420
 SCENARIOS = ("alone", "agreed", "budget_error", "different_graphs", "tagged_collective", "fsdp_fullgraph",
              "ddp_tiny_buckets", "fsdp_compile_then_shard", "fsdp_shard_then_compile", "ddp", "ddp_budget", "inductor",
-             "fsdp_rank_budget", "fsdp_eager_parts")
+             "fsdp_rank_budget", "fsdp_eager_parts", "fsdp_profiled")
 
 
 def distort_times(rank: int) -> None:
@@ -312,6 +313,33 @@ def fsdp_eager_parts() -> dict[str, Any]:
             "graphs": len(remat.reports()) - before, "grads_match": grads_match(model, reference)}
 
 
+def fsdp_profiled(rank: int, out: str) -> dict[str, Any]:
+    """FSDP2, blocks compiled with backend="remat": the caller profiles the first two steps (the first
+    compiles and would measure the eager head and loss) and exports each trace; the eager parts are
+    measured on the third step, the first without the caller's profiler, and counted from the fourth."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from tests.profiler_worker import CALLER_MARK, trace_facts
+
+    torch.manual_seed(0)
+    base, inputs = build("gpt", layers=2, batch=4, seq=64, vocab=1024)
+    before = len(remat.reports())
+    model = sharded_blocks(base, {"compiler": "eager"})
+    traces = []
+    for step in range(4):
+        if step >= 2:
+            model(*inputs).backward()
+            continue
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            with record_function(CALLER_MARK):
+                model(*inputs).backward()
+        path = os.path.join(out, f"profiled-rank{rank}-step{step}.json")
+        prof.export_chrome_trace(path)
+        traces.append(trace_facts(pathlib.Path(path)))
+    report = remat.reports()[before]
+    return {"traces": traces, "eager_bytes": report.eager_bytes, "notes": list(report.notes)}
+
+
 def main(rank: int, world: int, port: int, out: str) -> None:
     faulthandler.dump_traceback_later(WORKER_LIMIT_S, exit=True)  # a hang shows where each rank waits
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
@@ -323,7 +351,8 @@ def main(rank: int, world: int, port: int, out: str) -> None:
             "fsdp_fullgraph": fsdp_fullgraph, "ddp_tiny_buckets": ddp_tiny_buckets,
             "fsdp_compile_then_shard": functools.partial(fsdp_blocks, "compile-then-shard"),
             "fsdp_shard_then_compile": functools.partial(fsdp_blocks, "shard-then-compile"), "ddp": ddp, "ddp_budget": ddp_budget,
-            "inductor": inductor, "fsdp_rank_budget": fsdp_rank_budget, "fsdp_eager_parts": fsdp_eager_parts}
+            "inductor": inductor, "fsdp_rank_budget": fsdp_rank_budget, "fsdp_eager_parts": fsdp_eager_parts,
+            "fsdp_profiled": functools.partial(fsdp_profiled, rank, out)}
     for name in SCENARIOS:
         fresh()
         results[name] = runs[name]()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import remat
-from remat.measure import budget_peak
+from remat.measure import budget_peak, step_peak
 from remat.zoo import build
 from tests.conftest import budget_between
 
@@ -62,3 +62,69 @@ def test_cuda_warm_compile_loads_its_program_whole(tmp_path, monkeypatch: pytest
         reports.append(remat.reports(compiled)[0])
     assert [r.plan_cache for r in reports] == ["stored", "program"]
     assert reports[1].recomputed == reports[0].recomputed and peaks[1] == peaks[0] <= reports[0].budget_bytes
+
+
+def test_cuda_first_step_leaves_the_callers_peak_statistic_and_memory_history_as_they_were() -> None:
+    """remat's first step measures every op (workspace included) without resetting the allocator's peak:
+    a caller who allocated 1 GiB before it still reads at least that; the memory history the caller
+    records keeps recording through it."""
+    torch.cuda.reset_peak_memory_stats()
+    big = torch.empty(2**28, device="cuda")  # 1 GiB, freed before the step
+    del big
+    torch.cuda.memory._record_memory_history(max_entries=100_000)
+    try:
+        model, inputs = build("gpt", device="cuda", **{**SIZE, "layers": 1, "seq": 64})
+        compiled = remat.compile(model, plan_cache=False)
+        compiled(*inputs).backward()
+        after = torch.ones(12345, device="cuda")
+        traces = torch.cuda.memory._snapshot()["device_traces"]
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    assert torch.cuda.max_memory_allocated() >= 2**30
+    sizes = [entry["size"] for device in traces for entry in device if entry["action"] == "alloc"]
+    assert after.untyped_storage().nbytes() in {-(-size // 512) * 512 for size in sizes} | set(sizes)
+
+
+def test_cuda_step_peak_from_remats_own_session_equals_the_allocators_statistic() -> None:
+    """``remat.measure.step_peak`` reads the step's peak from a profiler session of remat's own (never
+    resetting the caller's statistics); on a repeatable step it equals what the allocator reports."""
+    model, inputs = build("gpt", device="cuda", **{**SIZE, "layers": 1})
+    compiled = remat.compile(model, budget_gb=budget_between(remat.plan(model, *inputs), 0.3))
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        compiled(*inputs).backward()
+
+    step()
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    step()
+    torch.cuda.synchronize()
+    allocator = torch.cuda.max_memory_allocated() - before
+    assert step_peak(step, "cuda") == allocator
+
+
+def test_cuda_eager_window_is_read_without_resetting_the_peak(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks compiled one by one under a rank scope (stood in for FSDP2's): the head and loss are read
+    from the allocator's statistics on the first step and counted from the second, and the peak the
+    caller reads around the first step is not reset by it."""
+    from remat.passes import rank_scope
+
+    monkeypatch.setattr(rank_scope, "scope_of", lambda gm, inputs, scope: rank_scope.RankScope("FSDP2", copies=1))
+    model, inputs = build("gpt", device="cuda", **{**SIZE, "layers": 2, "seq": 64})
+    torch._dynamo.reset()
+    before = len(remat.reports())
+    for block in model.blocks:
+        block.compile(backend="remat", options={"budget_gb": 1.0, "plan_cache": False})
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    big = torch.empty(2**28, device="cuda")
+    del big
+    model(*inputs).backward()
+    assert torch.cuda.max_memory_allocated() - base >= 2**30
+    model.zero_grad(set_to_none=True)
+    model(*inputs).backward()
+    (report,) = remat.reports()[before:]
+    assert report.eager_bytes > 0

@@ -34,6 +34,36 @@ def test_the_window_runs_from_the_last_open_before_the_end_and_counts_above_what
     assert peak_between_marks([memory(1, 10, 10)], OPEN, END) == UNKNOWN
 
 
+def one_window(window: eager_parts.EagerWindow) -> torch.Tensor:
+    """A graph's output, a head and loss on it (its window), and their backward, as a step runs them."""
+    x = torch.ones(64, 64, requires_grad=True)
+    out = x * 1  # the graph's output
+    window.open(out.device)
+    out.register_hook(lambda grad: window.end())
+    head = out @ torch.ones(64, 4096)  # 1 MiB of logits
+    head.logsumexp(dim=1).sum().backward()
+    return x
+
+
+def test_the_window_is_measured_and_its_profiler_stopped_as_the_backward_returns() -> None:
+    window = eager_parts.EagerWindow()
+    one_window(window)
+    assert not torch._C._autograd._profiler_enabled()  # stopped after the backward, not brought back by it
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):  # the caller's, next
+        torch.ones(8).sum()
+    logits = 64 * 4096 * 4
+    assert 2 * logits <= window.close() < 8 * logits  # the logits, their weight, gradient and temporaries
+
+
+def test_a_window_opened_while_the_caller_profiles_is_deferred_and_leaves_the_callers_session_alone(
+        tmp_path: Any) -> None:
+    window = eager_parts.EagerWindow()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        one_window(window)
+    prof.export_chrome_trace(str(tmp_path / "trace.json"))
+    assert window.close() == eager_parts.DEFERRED and (tmp_path / "trace.json").stat().st_size > 0
+
+
 @dataclass
 class StandInPlan:
     """A compiled plan whose program's forward end is unknown: with eager bytes it peaks that

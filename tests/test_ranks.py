@@ -163,3 +163,17 @@ def test_the_eager_head_and_loss_are_measured_on_the_first_step_and_counted_from
     first, second = (r["fsdp_eager_parts"]["later"] for r in ranks)
     assert (first["saved"], first["recomputed"], first["eager_bytes"]) == (second["saved"], second["recomputed"],
                                                                            second["eager_bytes"])
+
+
+def test_a_caller_profiling_fsdp2_steps_exports_its_traces_and_the_eager_parts_wait_for_an_unprofiled_step(
+        ranks: list[dict]) -> None:
+    """The caller profiles the first two steps of an FSDP2 model whose blocks are compiled with
+    backend="remat" (remat's own profiler once stopped the caller's there and both ranks crashed in
+    ``export_chrome_trace``): every trace holds the caller's ops and memory events, and the eager head
+    and loss, deferred while the caller profiled, are measured on the third step and counted."""
+    for rank, result in enumerate(r["fsdp_profiled"] for r in ranks):
+        assert len(result["traces"]) == 2
+        for trace in result["traces"]:
+            assert trace["caller_mark"] and trace["memory_events"] > 0, f"rank {rank}: {trace}"
+        assert result["eager_bytes"] > 0, f"rank {rank}: {result}"
+        assert any("deferred" in note for note in result["notes"]), result["notes"]

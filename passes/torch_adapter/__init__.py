@@ -39,7 +39,17 @@ from torch.fx.experimental.proxy_tensor import is_sym_node
 
 from . import aot_cache
 from .aot_cache import ProgramEntry, program_cache_usable, recording_program_entries, without_plan_key  # re-exported
-from .profiler import CpuMemoryRecorder, cpu_memory_events, is_cpu_memory_event, profiler_mark  # re-exported
+from .profiler import (  # re-exported
+    MeasuringThread,
+    OwnSession,
+    ProfilerBusy,
+    caller_is_profiling,
+    on_device,
+    own_memory_events,
+    profiler_mark,
+    thread_memory_peak,
+    when_backward_returns,
+)
 from .inductor_order import LocalHorizontalFusion, addmm_folded, can_unfold, fusion_choices, order_settings, unfold
 from .inductor_program import (  # re-exported: the adapter is one namespace
     _PARTITIONED_OUTPUTS,

@@ -1,69 +1,209 @@
-"""The CPU profiler's memory events, for a whole step or for a window of one (torch.profiler's
-Kineto trace: no public API gives the running total of bytes allocated)."""
+"""Memory measurements that never touch a profiler of the caller's.
+
+torch's Kineto profiler is one per process. A session started while the caller's runs (or while
+the caller's scheduled profiler is in its warm-up) takes it over: stopping it stops the caller's
+("disableProfiler called but no active profiling session found") and the caller's
+``export_chrome_trace`` then crashes the process. So remat measures memory in three ways, none of
+which starts, stops or nests a profiler inside a session of the caller's:
+
+- ops remat runs itself (the profile pass: each op alone on random inputs) run on remat's own
+  thread, :class:`MeasuringThread`, under torch's *thread-local* (legacy) profiler: it records
+  only the thread that enabled it, so a caller's session never sees remat's ops, and remat's
+  figures are the same whether the caller profiles or not;
+- a step of the caller's that remat is asked to measure (``remat.measure``, bench/) runs under a
+  session of remat's own (:class:`OwnSession`), only when :func:`caller_is_profiling` finds none of
+  the caller's; otherwise :class:`ProfilerBusy` says so;
+- a window of the caller's own step (the eager head and loss, ``passes/eager_parts.py``) is
+  measured in a session of remat's own only when no profiler of the caller's runs as it opens (else
+  the measurement waits for a step without one), and that session ends as the backward returns
+  (:func:`when_backward_returns`), before the caller's code runs again.
+"""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import gc
+import json
+import os
+import tempfile
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
+T = TypeVar("T")
 
-def cpu_memory_events(step: Callable[[], Any]) -> list[dict[str, Any]]:
-    """The profiler's CPU ``[memory]`` events while ``step()`` runs, in order, each with its
-    "Bytes" and running "Total Allocated" (read from the exported Kineto trace: no public API
-    gives the running total)."""
-    recorder = CpuMemoryRecorder()
-    recorder.start()
+
+class ProfilerBusy(RuntimeError):
+    """A profiler of the caller's is running: remat will not start one of its own beside it."""
+
+
+def caller_is_profiling() -> bool:
+    """Whether a torch profiler session is running or prepared in this process: enabled (its
+    recording steps, the legacy profiler, ``emit_nvtx``), or prepared by a scheduled
+    ``torch.profiler.profile`` in its warm-up steps, which no flag of torch's shows."""
+    from torch.autograd import profiler as autograd_profiler
+
+    if torch._C._autograd._profiler_enabled() or autograd_profiler._is_profiler_enabled:
+        return True
+    session = autograd_profiler.profile
+    # type(), not isinstance(): isinstance reads __class__, which some deprecated objects warn on
+    return any(_prepared(obj) for obj in gc.get_objects() if issubclass(type(obj), session))
+
+
+def _prepared(session: Any) -> bool:
+    """An autograd profiler session prepared (``entered``) whose results were not yet taken."""
+    return bool(getattr(session, "entered", False)) and getattr(session, "kineto_results", None) is None
+
+
+class OwnSession:
+    """A Kineto session of remat's own recording memory events: :meth:`start` refuses (``ProfilerBusy``)
+    while a profiler of the caller's runs or is prepared; :meth:`stop` returns every trace event, each
+    with its "name", "ts" and "args" (the exported trace: no public API gives the running total of
+    bytes allocated). Stop it on the thread that started it, never inside a backward: autograd restores
+    the thread's profiler state when each of its nodes ends, so a session stopped there comes back
+    enabled and the caller's next profiler is refused (:func:`when_backward_returns`)."""
+
+    def __init__(self) -> None:
+        self._session: Any = None
+
+    def start(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        if caller_is_profiling():
+            raise ProfilerBusy("remat measures memory with torch's profiler, and one is already running in this "
+                               "process: measure outside your profiler's session")
+        self._session = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        with _quiet_stderr():
+            self._session.start()
+
+    @property
+    def running(self) -> bool:
+        return self._session is not None
+
+    def stop(self) -> list[dict[str, Any]]:
+        session, self._session = self._session, None
+        with _quiet_stderr():
+            session.stop()
+        return _trace_events(session)
+
+
+def own_memory_events(step: Callable[[], Any]) -> list[dict[str, Any]]:
+    """The ``[memory]`` events' args of every device while ``step()`` runs on this thread, in order, each
+    with its "Bytes", running "Total Allocated" and "Device Type" (:class:`OwnSession`)."""
+    session = OwnSession()
+    session.start()
     try:
         step()
     finally:
-        events = recorder.stop()
-    return events
+        events = session.stop()
+    return [e["args"] for e in events if e.get("name") == "[memory]"]
 
 
-class CpuMemoryRecorder:
-    """The profiler's CPU ``[memory]`` events between :meth:`start` and :meth:`stop` (which may
-    be called from different frames, e.g. a forward's end and a gradient hook: a window of a
-    step). :meth:`start` raises ``RuntimeError`` where a profiler is already running."""
+def when_backward_returns(then: Callable[[], None]) -> bool:
+    """From inside a backward (a gradient hook on the thread that called it), call ``then`` as soon as
+    that backward returns, before the caller's next line runs: a profile function of this thread's
+    (``sys.setprofile``) waits for the return of torch's backward entry point, then removes itself.
+    False, calling nothing, where no such frame is on this thread's stack or the thread already has a
+    profile function (a Python profiler of the caller's: remat does not displace it)."""
+    import sys
 
-    def __init__(self) -> None:
-        from torch.profiler import ProfilerActivity, profile
+    if sys.getprofile() is not None:
+        return False
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_name != "_engine_run_backward":
+        frame = frame.f_back
+    if frame is None:
+        return False
+    engine = frame
 
-        self.prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    def returned(frame: Any, event: str, arg: Any) -> None:
+        if event == "return" and frame is engine:
+            sys.setprofile(None)
+            then()
 
-    def start(self) -> None:
-        with _quiet_stderr():
-            self.prof.start()
-
-    def discard(self) -> None:
-        """Stop, reading nothing."""
-        with _quiet_stderr():
-            self.prof.stop()
-
-    def stop(self) -> list[dict[str, Any]]:
-        return [e["args"] for e in self.stop_trace() if is_cpu_memory_event(e)]
-
-    def stop_trace(self) -> list[dict[str, Any]]:
-        """Stop; every trace event, each with its "name", "ts" and "args"."""
-        import json
-        import os
-        import tempfile
-
-        self.discard()
-        fd, path = tempfile.mkstemp(suffix=".json")
-        os.close(fd)
-        try:
-            self.prof.export_chrome_trace(path)
-            with open(path) as f:
-                return json.load(f)["traceEvents"]
-        finally:
-            os.unlink(path)
+    sys.setprofile(returned)
+    return True
 
 
-def is_cpu_memory_event(event: dict[str, Any]) -> bool:
-    return event.get("name") == "[memory]" and event.get("args", {}).get("Device Type", 0) == 0
+def _trace_events(session: Any) -> list[dict[str, Any]]:
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        session.export_chrome_trace(path)
+        with open(path) as f:
+            return json.load(f)["traceEvents"]
+    finally:
+        os.unlink(path)
+
+
+def on_device(event: dict[str, Any], device: torch.device) -> bool:
+    """Whether a ``[memory]`` event's args are of ``device`` (Kineto numbers the CPU 0 and CUDA 1)."""
+    kind = event.get("Device Type", 0)
+    if device.type == "cpu":
+        return kind == 0
+    return kind == 1 and event.get("Device Id", 0) == (device.index or 0)
+
+
+class MeasuringThread:
+    """remat's own thread for running ops it measures: :meth:`run` calls a function there and returns
+    its result (or raises its exception). The thread starts with torch's thread-local state fresh (no
+    fake-tensor or other dispatch mode of the compile, no autocast, no profiler of the caller's),
+    with grad disabled and ``device`` current.
+
+    >>> with MeasuringThread(torch.device("cpu")) as thread:
+    ...     thread.run(torch.is_grad_enabled)
+    False
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def __enter__(self) -> MeasuringThread:
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="remat-measure",
+                                                           initializer=self._prepare)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        assert self._pool is not None
+        self._pool.shutdown(wait=True)
+        self._pool = None
+
+    def _prepare(self) -> None:
+        torch.set_grad_enabled(False)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+
+    def run(self, fn: Callable[[], T]) -> T:
+        assert self._pool is not None, "use MeasuringThread as a context manager"
+        return self._pool.submit(fn).result()
+
+
+def thread_memory_peak(fn: Callable[[], Any], device: torch.device) -> int:
+    """Peak bytes allocated on ``device`` while ``fn()`` runs, above what was allocated before it,
+    by this thread's own profiler (call it on a :class:`MeasuringThread`: the profiler is enabled
+    for this thread only, and no session of the caller's sees it)."""
+    from torch.autograd import ProfilerConfig, ProfilerState, _disable_profiler_legacy, _enable_profiler_legacy
+
+    config = ProfilerConfig(ProfilerState.CPU, False, True, False, False, False,
+                            torch._C._profiler._ExperimentalConfig())
+    _enable_profiler_legacy(config)
+    try:
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    finally:
+        records = _disable_profiler_legacy()
+    running = peak = 0
+    for event in (e for thread in records for e in thread if e.kind() == "memory_alloc"):
+        if device.type == "cpu":
+            running += event.cpu_memory_usage()
+        elif event.device() == (device.index or 0):
+            running += event.cuda_memory_usage()
+        peak = max(peak, running)
+    return peak
 
 
 def profiler_mark(name: str) -> None:
@@ -76,7 +216,6 @@ def profiler_mark(name: str) -> None:
 def _quiet_stderr() -> Iterator[None]:
     """Close the process's stderr for the block: kineto prints a line on every
     profiler start and stop, from C++, that no setting turns off."""
-    import os
     import sys
 
     sys.stderr.flush()
