@@ -37,10 +37,28 @@ def budget() -> float:
     return budget_between(planned("gpt", "eager"), 0.3)
 
 
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory: pytest.TempPathFactory) -> tuple[pathlib.Path, remat.Report]:
+    """One entry, planned once into an empty folder (at ``budget``) for every test below that
+    starts from a stored plan: each reads the folder, or copies it and works on the copy."""
+    folder = tmp_path_factory.mktemp("stored")
+    return folder, _plan(folder, budget_between(planned("gpt", "eager"), 0.3))
+
+
+def _copy_of(stored: tuple[pathlib.Path, remat.Report], folder: pathlib.Path) -> remat.Report:
+    """The stored entry copied into ``folder``; the report that stored it."""
+    source, first = stored
+    for path in source.glob("*.json"):
+        shutil.copy(path, folder / path.name)
+    return first
+
+
 def test_a_graph_planned_once_is_loaded_not_solved(tmp_path: pathlib.Path, budget: float,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    first = _plan(tmp_path, budget)
-    assert first.plan_cache == "stored" and len(list(tmp_path.glob("*.json"))) == 1
+                                                   monkeypatch: pytest.MonkeyPatch,
+                                                   stored: tuple[pathlib.Path, remat.Report]) -> None:
+    folder, first = stored
+    assert first.plan_cache == "stored" and len(list(folder.glob("*.json"))) == 1
+    _copy_of(stored, tmp_path)
     _forbid_planning(monkeypatch)
     again = _plan(tmp_path, budget)
     assert again.plan_cache == "hit"
@@ -48,11 +66,12 @@ def test_a_graph_planned_once_is_loaded_not_solved(tmp_path: pathlib.Path, budge
         first.saved, first.recomputed, first.predicted_peak_bytes)
 
 
-def test_a_cached_plan_compiles_to_eager_gradients(tmp_path: pathlib.Path, budget: float) -> None:
+def test_a_cached_plan_compiles_to_eager_gradients(tmp_path: pathlib.Path, budget: float,
+                                                   stored: tuple[pathlib.Path, remat.Report]) -> None:
     model, inputs = build("gpt")
     reference = copy.deepcopy(model)
     reference(*inputs).backward()
-    _plan(tmp_path, budget)
+    _copy_of(stored, tmp_path)
     torch._dynamo.reset()
     compiled = remat.compile(model, budget_gb=budget, compiler="eager", plan_cache=str(tmp_path))
     compiled(*inputs).backward()
@@ -62,15 +81,16 @@ def test_a_cached_plan_compiles_to_eager_gradients(tmp_path: pathlib.Path, budge
         torch.testing.assert_close(p.grad, p_ref.grad)
 
 
-def test_another_budget_is_another_entry(tmp_path: pathlib.Path, budget: float) -> None:
-    _plan(tmp_path, budget)
+def test_another_budget_is_another_entry(tmp_path: pathlib.Path, budget: float,
+                                         stored: tuple[pathlib.Path, remat.Report]) -> None:
+    _copy_of(stored, tmp_path)  # the entry for ``budget``
     assert _plan(tmp_path, budget * 1.5).plan_cache == "stored"
     assert len(list(tmp_path.glob("*.json"))) == 2
 
 
-def test_entries_are_plain_json_with_their_key(tmp_path: pathlib.Path, budget: float) -> None:
-    report = _plan(tmp_path, budget)
-    (path,) = tmp_path.glob("*.json")
+def test_entries_are_plain_json_with_their_key(stored: tuple[pathlib.Path, remat.Report]) -> None:
+    folder, report = stored
+    (path,) = folder.glob("*.json")
     entry = json.loads(path.read_text())
     assert entry["key"]["budget_bytes"] == report.budget_bytes and entry["key"]["torch"] == torch.__version__
     assert sorted(entry["saved"]) == sorted(report.saved) and len(entry["checksum"]) == 64
@@ -85,13 +105,6 @@ def _rewrite(path: pathlib.Path, change: object) -> None:
 def _refresh_checksum(entry: dict) -> None:
     body = {k: v for k, v in entry.items() if k != "checksum"}
     entry["checksum"] = plan_cache._digest(body)
-
-
-@pytest.fixture(scope="module")
-def stored(tmp_path_factory: pytest.TempPathFactory) -> tuple[pathlib.Path, remat.Report]:
-    """One stored entry, planned once for every kind of damage below."""
-    folder = tmp_path_factory.mktemp("stored")
-    return folder, _plan(folder, budget_between(planned("gpt", "eager"), 0.3))
 
 
 @pytest.mark.parametrize(
@@ -161,12 +174,38 @@ def _compile_step(folder: pathlib.Path | bool, budget: float) -> tuple[remat.Rep
     return report, {k: after[k] - before[k] for k in after}, model
 
 
-def test_a_plan_from_the_cache_loads_its_program_from_inductors_cache(
-        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(scope="module")
+def first_compile(tmp_path_factory: pytest.TempPathFactory) -> tuple[pathlib.Path, remat.Report, dict[str, int]]:
+    """The first compile at 0.2 of the way up, in an empty Inductor cache (``inductor``) and
+    plan folder (``plans``), made once for the two tests below that start from it: the folder,
+    the report, and Inductor's cache hits and misses during it."""
+    folder = tmp_path_factory.mktemp("first-compile")
+    # the budget first, in the session's Inductor cache: in an empty one every kernel of the
+    # plans behind it would be compiled by the C++ compiler again
+    budget = budget_between(planned(ACCOUNTED, "inductor", layers=1), 0.2)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TORCHINDUCTOR_CACHE_DIR", str(folder / "inductor"))
+        first, counts, _ = _compile_step(folder / "plans", budget)
+    return folder, first, counts
+
+
+def _after_first_compile(first_compile: tuple[pathlib.Path, remat.Report, dict[str, int]], tmp_path: pathlib.Path,
+                         monkeypatch: pytest.MonkeyPatch) -> tuple[remat.Report, dict[str, int]]:
+    """The caches as the first compile left them, copied into ``tmp_path`` (``inductor``, Inductor's
+    cache set to it, and ``plans``); its report and cache counts."""
+    folder, first, counts = first_compile
+    shutil.copytree(folder / "inductor", tmp_path / "inductor")
+    shutil.copytree(folder / "plans", tmp_path / "plans")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    return first, counts
+
+
+def test_a_plan_from_the_cache_loads_its_program_from_inductors_cache(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
+        first_compile: tuple[pathlib.Path, remat.Report, dict[str, int]]) -> None:
     report = planned(ACCOUNTED, "inductor", layers=1)
     budget, other_budget = budget_between(report, 0.2), budget_between(report, 0.7)
-    first, counts, _ = _compile_step(tmp_path / "plans", budget)
+    first, counts = _after_first_compile(first_compile, tmp_path, monkeypatch)
     assert first.plan_cache == "stored" and counts["hit"] == 0 and first.compiled_peak_bytes
     assert list(first.timings) == ["capture", "profile", "solve", "inductor", "program cache"]
     # a second compile: remat's plan and the programs Inductor generated for it are both loaded
@@ -190,12 +229,12 @@ def test_a_plan_from_the_cache_loads_its_program_from_inductors_cache(
 
 
 def test_a_program_from_inductors_cache_without_a_stored_account_is_generated_again(
-        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
+        first_compile: tuple[pathlib.Path, remat.Report, dict[str, int]]) -> None:
     """Another plan cache (or none) while Inductor's cache holds the program (an earlier process
     compiled the same plan): remat compiles the same plan again, uncached, to read its account."""
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     budget = budget_between(planned(ACCOUNTED, "inductor", layers=1), 0.2)
-    first, _, _ = _compile_step(tmp_path / "plans", budget)
+    first, _ = _after_first_compile(first_compile, tmp_path, monkeypatch)
     calls = []
     real_solve = partition.solve
     monkeypatch.setattr(partition, "solve", lambda *a, **k: calls.append(1) or real_solve(*a, **k))

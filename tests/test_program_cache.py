@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import pathlib
+import shutil
 
 import pytest
 import torch
@@ -29,6 +30,34 @@ def caches(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> pathlib.P
     """Inductor's and AOTAutograd's caches in a folder of the test's own; the plan folder beside."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     return tmp_path / "plans"
+
+
+@pytest.fixture(scope="module")
+def first_step(tmp_path_factory: pytest.TempPathFactory) -> tuple[pathlib.Path, remat.Report, int]:
+    """The first step at the tight budget (``_budgets()[0]``) in empty caches, made once for the
+    tests that start from it: the folder holding its caches (``inductor``, ``plans``), its report
+    and its measured peak. Each test works on a copy (``after_first_step``)."""
+    folder = tmp_path_factory.mktemp("first-step")
+    # the budget first, in the session's Inductor cache: in an empty one every kernel of the
+    # plans behind it would be compiled by the C++ compiler again
+    tight, _ = _budgets()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TORCHINDUCTOR_CACHE_DIR", str(folder / "inductor"))
+        report, peak, _ = _step(folder / "plans", tight)
+    return folder, report, peak
+
+
+@pytest.fixture
+def after_first_step(first_step: tuple[pathlib.Path, remat.Report, int], tmp_path: pathlib.Path,
+                     monkeypatch: pytest.MonkeyPatch) -> tuple[pathlib.Path, remat.Report, int]:
+    """The caches as the first step left them, copied into the test's own folder (Inductor's and
+    AOTAutograd's cache set to the copy, as ``caches`` sets them): the plan folder, and the first
+    step's report and peak."""
+    folder, report, peak = first_step
+    shutil.copytree(folder / "inductor", tmp_path / "inductor")
+    shutil.copytree(folder / "plans", tmp_path / "plans")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    return tmp_path / "plans", report, peak
 
 
 def _forbid_planning(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -61,9 +90,10 @@ def _budgets() -> tuple[float, float]:
     return budget_between(report, 0.2), budget_between(report, 0.7)
 
 
-def test_a_warm_compile_loads_its_program_whole(caches: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_warm_compile_loads_its_program_whole(after_first_step: tuple[pathlib.Path, remat.Report, int],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
     budget, _ = _budgets()
-    first, first_peak, _ = _step(caches, budget)
+    caches, first, first_peak = after_first_step
     assert first.plan_cache == "stored" and "program cache" in first.timings
     _forbid_planning(monkeypatch)
     again, peak, model = _step(caches, budget)
@@ -79,9 +109,10 @@ def test_a_warm_compile_loads_its_program_whole(caches: pathlib.Path, monkeypatc
         torch.testing.assert_close(p.grad, p_ref.grad, rtol=1e-4, atol=1e-5)
 
 
-def test_another_budget_never_loads_another_plans_program(caches: pathlib.Path) -> None:
+def test_another_budget_never_loads_another_plans_program(
+        after_first_step: tuple[pathlib.Path, remat.Report, int]) -> None:
     tight, loose = _budgets()
-    first, first_peak, _ = _step(caches, tight)
+    caches, first, first_peak = after_first_step  # the step at ``tight``
     assert abs(first_peak - first.compiled_peak_bytes) <= SAME_PEAK
     other, other_peak, _ = _step(caches, loose)  # another request: planned, not loaded
     assert other.plan_cache == "stored" and other.recomputed != first.recomputed
@@ -93,10 +124,11 @@ def test_another_budget_never_loads_another_plans_program(caches: pathlib.Path) 
     assert abs(peak - other.compiled_peak_bytes) <= SAME_PEAK
 
 
-def test_a_missing_program_is_planned_again_and_published(caches: pathlib.Path, tmp_path: pathlib.Path,
+def test_a_missing_program_is_planned_again_and_published(after_first_step: tuple[pathlib.Path, remat.Report, int],
+                                                          tmp_path: pathlib.Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     budget, _ = _budgets()
-    first, _, _ = _step(caches, budget)
+    caches, first, _ = after_first_step
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "emptied"))  # AOTAutograd's entry is gone
     again, peak, _ = _step(caches, budget)  # the plan from remat's cache, its program compiled again
     assert again.plan_cache == "hit" and again.recomputed == first.recomputed
