@@ -39,6 +39,10 @@ class HFLoss(nn.Module):
         """Loss of the wrapped model on token ids ``idx`` with ``labels`` (both (B, T))."""
         return self.hf(input_ids=idx, labels=labels).loss
 
+    def predict(self, idx: torch.Tensor) -> torch.Tensor:
+        """The wrapped model's logits (B, T, vocab) on token ids ``idx``."""
+        return self.hf(input_ids=idx).logits
+
 
 def _gpt2(c: dict[str, Any]) -> HFLoss:
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -96,3 +100,13 @@ def build(name: str, *, device: str | torch.device = "cpu", dtype: torch.dtype =
     shape = (c["batch"], c["seq"])
     inputs = (torch.randint(c["vocab"], shape).to(device), torch.randint(c["vocab"], shape).to(device))
     return model, inputs
+
+
+def build_loss_outside(name: str, **overrides: Any) -> Any:
+    """``name`` returning its logits, with its token ids, labels and a cross-entropy over them computed
+    outside it (``remat.zoo.LossOutside``); ``overrides`` as :func:`build`'s."""
+    from remat.models import next_token_loss
+    from remat.zoo import LossOutside, Predictor
+
+    model, (idx, labels) = build(name, **overrides)
+    return LossOutside(Predictor(model), (idx,), labels, next_token_loss)

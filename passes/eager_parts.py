@@ -1,23 +1,24 @@
-"""The eager parts of a rank's step, measured on its first step (``budget_scope="rank"``).
+"""The eager parts of a step, measured on its first step and counted from the next.
 
-Under FSDP2 with each block compiled (or DDP around a compiled model) code that no compiled
-graph holds runs between the graphs: the model's embedding, its head and its loss. Their
-memory is in no graph and in no FSDP state. The part that matters runs between the graph's
-last forward call and its first backward: the head and the loss, forward and backward, while
-every block holds its kept activations. So on the first step each rank measures that window:
-the peak bytes allocated above what was allocated when the graph's last forward call returned,
-until the gradient of its output arrives (CUDA: the caching allocator's statistics, read, never reset;
-CPU: a profiler session of remat's own, only where the caller runs none: :class:`EagerWindow`). At the graph's next call the ranks take the
-largest window any of them measured and the rank scope counts it (``RankScope.eager_bytes``,
-``Problem.handoff_bytes``) at the graph's last forward step, where the graph holds what it hands
-its backward (under Inductor: beside what the compiled forward returns). A plan that still fits
-keeps its program, its figures read again with those bytes; one that does not is planned and
-compiled again, or the budget is refused, on every rank, with the smallest budget that fits. The
-first step itself ran with them uncounted: where that put it over the budget, a warning says so.
+Code that no compiled graph holds runs between a graph's forward and its backward: a loss computed
+outside the model, graph-break code and the graphs after a break, a head left uncompiled, and under
+FSDP2 per-block compiles the model's embedding, head and loss. Their memory is in no graph. So on the
+first step each graph's compiled callable (:class:`EagerWatch`) measures that window
+(``passes/eager_window.py``): the peak allocated above what the graph's last forward call left, until
+the gradient of its output arrives, what it leaves alive through the backward and what it freed; the
+forward calls made before that backward (a block compiled once, called per layer); and the state of
+other graphs that ran inside it. At the graph's next call (every rank, under torch.distributed, taking
+the largest any measured) the step scope counts them (``RankScope``: ``Problem.handoff_bytes`` at the
+graph's last forward step, the rest at every step): a plan that still fits keeps its program and its
+figures are read again; one that does not is planned and compiled again, or the budget is refused with
+the smallest budget that fits. In a single process the first step runs with a reservation
+(``rank_scope.reserved_eager_bytes``) and the measured figures are remembered for the graph
+(``rank_scope.MEASURED_EAGER``); where the first step ran over the budget, a warning says so.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 from collections.abc import Callable
@@ -27,101 +28,29 @@ from typing import Any
 import torch
 
 from remat.solvers.errors import BudgetError, format_bytes
+from remat.solvers.model import rank_extra_bytes
+from remat.solvers.problem import Kind
 from remat.solvers.simulate import timeline
-
-from . import torch_adapter as adapter
 from .fit import compiled_rank_peak
-from .measure import peak_of_events
-from .partition import MIN_FEASIBLE, defer_min_feasible
+from .eager_window import (  # noqa: F401  (re-exported: the watch's vocabulary)
+    DEFERRED,
+    UNKNOWN,
+    EagerParts,
+    EagerWindow,
+    measure_loss,
+    peak_between_marks,
+    window_of,
+)
+from .partition import MIN_FEASIBLE, STEP_NOTE, defer_min_feasible, scope_note
+from .rank_scope import HELD_BY_OPEN_GRAPHS, MEASURED_EAGER, storages_of
 from .ranks import largest_on_any_rank
 
 log = logging.getLogger(__name__)
-UNKNOWN = -1  # a window not measured (no backward followed the forward)
-DEFERRED = -2  # a window not measured because a profiler of the caller's was running: a later step measures
 # forward calls with no gradient arriving (a model run with grad on but no backward) after which the
 # window closes unmeasured: on the CPU its profiler would otherwise record for ever
 MAX_CALLS = 1024
-
-
-class EagerWindow:
-    """Peak bytes allocated from the last :meth:`open` to :meth:`end`, above what was allocated at
-    that :meth:`open`, read by :meth:`close` later; ``DEFERRED`` where it could not be measured
-    without disturbing a profiler of the caller's.
-
-    CUDA: the caching allocator's statistics, read, never reset (a caller reading
-    ``max_memory_allocated`` around the step reads what it would without remat): exact where the
-    window raised the allocator's peak, else the peak before the window (a bound, and ``bounded``).
-    CPU: one profiler session of remat's own from the first :meth:`open`, marked at each :meth:`open`
-    and at :meth:`end`, opened only when no profiler of the caller's runs, and stopped as the backward
-    that reached :meth:`end` returns (stopped inside the backward, autograd would enable it again when
-    the backward ends, and the caller's next profiler would be refused)."""
-
-    OPEN, END = "remat::eager_window_open", "remat::eager_window_end"
-
-    def __init__(self) -> None:
-        self.device: torch.device | None = None
-        self.start = self.prior_peak = 0
-        self.peak = UNKNOWN
-        self.bounded = False
-        self.session: adapter.OwnSession | None = None
-        self.deferred = False  # the caller was profiling as it opened: measure on a later step
-
-    def open(self, device: torch.device) -> None:
-        self.device = device
-        if device.type == "cuda":
-            self.start = torch.cuda.memory_allocated(device)
-            self.prior_peak = torch.cuda.max_memory_allocated(device)
-            return
-        if self.session is None and not self.deferred:
-            session = adapter.OwnSession()
-            try:
-                session.start()
-                self.session = session
-            except adapter.ProfilerBusy:
-                self.deferred = True
-        if self.session is not None:
-            adapter.profiler_mark(self.OPEN)
-
-    def end(self) -> None:
-        if self.device is not None and self.device.type == "cuda":
-            peak = torch.cuda.max_memory_allocated(self.device)
-            self.bounded = peak <= self.prior_peak  # the window's own peak is not above an earlier one
-            self.peak = max(0, peak - self.start)
-        elif self.session is not None:
-            adapter.profiler_mark(self.END)
-            if not adapter.when_backward_returns(self.stop):
-                self.stop()  # no backward entry point to wait for (a backward started from C++)
-
-    def stop(self) -> None:
-        if self.session is not None:
-            session, self.session = self.session, None
-            self.peak = peak_between_marks(session.stop(), self.OPEN, self.END)
-
-    def close(self) -> int:
-        """The window's peak (``DEFERRED`` or ``UNKNOWN`` where not measured); call it outside any backward."""
-        self.device = None
-        self.cancel()
-        return DEFERRED if self.deferred else self.peak
-
-    def cancel(self) -> None:
-        if self.session is not None:
-            self.session.stop()
-            self.session = None
-        self.device = None
-
-
-def peak_between_marks(trace: list[dict[str, Any]], opened: str, ended: str) -> int:
-    """Peak bytes allocated from the last ``opened`` mark before the first ``ended`` mark of a
-    profiler trace up to it, above the running total at ``opened``; UNKNOWN without both marks."""
-    ends = [e["ts"] for e in trace if e.get("name") == ended]
-    opens = [e["ts"] for e in trace if e.get("name") == opened and ends and e["ts"] <= ends[0]]
-    if not opens:
-        return UNKNOWN
-    cpu = torch.device("cpu")
-    memory = sorted((e for e in trace if e.get("name") == "[memory]" and adapter.on_device(e["args"], cpu)),
-                    key=lambda e: e["ts"])
-    # a running total: the window's first event says where the window started
-    return peak_of_events([e["args"] for e in memory if opens[-1] <= e["ts"] <= ends[0]])
+# The watches of this process whose window is open (forward returned, no gradient yet), by id
+OPEN_WATCHES: dict[int, EagerWatch] = {}
 
 
 class State(enum.Enum):
@@ -136,30 +65,44 @@ class EagerWatch:
     the plan's figures), else ``replan(eager)``, which returns the callable of a plan that fits
     (or raises ``BudgetError``)."""
 
-    def __init__(self, compiled: Callable[..., Any], plan: Any, replan: Callable[[int], Callable[..., Any]],
-                 recount: Callable[[int], None]) -> None:
+    def __init__(self, compiled: Callable[..., Any], plan: Any, replan: Callable[[EagerParts], Callable[..., Any]],
+                 recount: Callable[[EagerParts], None], state: dict[tuple, int] | None = None) -> None:
         self.compiled, self.plan, self.replan, self.recount = compiled, plan, replan, recount
+        self.model_state = state or {}  # the parameters and buffers this graph's plan counts, by storage
+        self.others: dict[tuple, int] = {}  # state of other graphs that ran in the window
         self.window = EagerWindow()
         self.hooks: list[Any] = []
         self.measured = UNKNOWN
         self.state = State.MEASURING
         self.calls = 0
+        self.calls_in_step = 1  # forward calls before the first backward, on the step that measured
         if getattr(compiled, "_boxed_call", False):  # called with one list, as the compiled callable is
             self._boxed_call = True
 
     def __del__(self) -> None:
         # a graph called once and freed (a one-step run): its CPU profiler stops with it
         try:
+            HELD_BY_OPEN_GRAPHS.pop(id(self), None)
+            OPEN_WATCHES.pop(id(self), None)
             self.window.cancel()
         except Exception:  # at interpreter exit torch may be half gone: nothing left to stop
             pass
 
     def __call__(self, *args: Any) -> Any:
+        for other in list(OPEN_WATCHES.values()):  # this graph runs inside their windows
+            if other is not self:
+                other.others.update(self.model_state)
         if self.state is State.COUNTING:
             self.state = State.DONE
             self.measured = self.window.close()
             self.count()
-        out = self.compiled(*args)
+        if self.state is State.MEASURING:
+            self.window.arm(_device_of(args))
+        try:
+            out = self.compiled(*args)
+        except BaseException:
+            self.window.cancel()  # no window opens: its session must not outlive the call
+            raise
         if self.state is State.MEASURING:
             self.calls += 1
             self.watch(out)
@@ -186,11 +129,15 @@ class EagerWatch:
         tensors = [t for t in _leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
         if not tensors:  # a call that no backward follows
             return
-        self.window.open(tensors[0].device)
+        self.window.open(tensors[0].device, sum(t.numel() * t.element_size() for t in tensors))
         self.hooks = [t.register_hook(self.gradient_arrived) for t in tensors]
+        if self.plan.scope is not None and self.plan.scope.process:  # a graph compiled now runs beside it
+            HELD_BY_OPEN_GRAPHS[id(self)] = (held_after_forward(self.plan), self.model_state, storages_of(tensors))
+            OPEN_WATCHES[id(self)] = self
 
     def gradient_arrived(self, grad: torch.Tensor) -> None:
         if self.hooks:  # the first of the outputs' gradients: the backward reaches this graph
+            self.calls_in_step = self.calls
             self.window.end()
             self.unhook()
             self.state = State.COUNTING
@@ -199,10 +146,14 @@ class EagerWatch:
         for hook in self.hooks:
             hook.remove()
         self.hooks = []
+        HELD_BY_OPEN_GRAPHS.pop(id(self), None)
+        OPEN_WATCHES.pop(id(self), None)
 
     def count(self) -> None:
         """Every rank at its next call: the largest window any measured, counted in the plan."""
-        (eager,) = largest_on_any_rank([self.measured])
+        eager, after, calls, freed = largest_on_any_rank([self.measured, self.window.after, self.calls_in_step,
+                                                          -self.window.freed])
+        freed = -freed  # (the least any rank freed)
         if eager == DEFERRED:  # every rank's caller was profiling: the next step measures
             self.defer()
             return
@@ -217,45 +168,85 @@ class EagerWatch:
                                    "backward followed): not counted")
             return
         budget, target = self.plan.request.budget_bytes, self.plan.target
+        (others,) = largest_on_any_rank([sum(n for key, n in self.others.items() if key not in self.model_state)])
+        parts = EagerParts(eager, after, calls - 1, others, freed)
         if target is None or budget is None:  # no budget: the report counts them
-            self.recount(eager)
+            self.recount(parts)
             return
-        (peak,) = largest_on_any_rank([rank_peak_with(self.plan, eager)])
+        (peak,) = largest_on_any_rank([rank_peak_with(self.plan, parts)])
         if peak > budget:
             log.warning("remat: the first step ran with the eager parts uncounted (%s between the last forward "
                         "and the first backward: the head and loss), which put the rank's predicted peak at %s, "
                         "over the budget %s; planning again with them", format_bytes(eager),
                         format_bytes(peak), format_bytes(budget))
         if peak <= target:
-            self.recount(eager)
+            self.recount(parts)
             return
         try:
-            self.compiled = self.replan(eager)
+            self.compiled = self.replan(parts)
         except BudgetError as exc:
             raise BudgetError(f"with the eager parts of the step measured on the first step ({format_bytes(eager)} "
                               f"between the last forward and the first backward: the model's head and loss): {exc}",
                               budget_bytes=exc.budget_bytes, min_feasible_bytes=exc.min_feasible_bytes) from None
 
 
-def rank_peak_with(plan: Any, eager: int) -> int:
-    """The rank's peak under ``plan`` with ``eager`` bytes of eager code between the graph's forward
-    and its backward: by its compiled program where there is one (Inductor), else by the model."""
+def rank_peak_with(plan: Any, eager: EagerParts) -> int:
+    """The rank's peak under ``plan`` with ``eager`` parts between the graph's forward and its
+    backward: by its compiled program where there is one (Inductor), else by the model."""
+    scope = with_eager(plan.scope, eager)
     if plan.compiled_peak_bytes is None:
-        problem = replace(plan.problem, handoff_bytes=eager)
-        return max(timeline(problem, plan.solution.saved, plan.solution.recomputed), default=0)
+        counted = scope.applied(plan.problem)
+        return max(timeline(counted, plan.solution.saved, plan.solution.recomputed), default=0)
+    grown = outside_grown(plan, scope)
+    handoff = max(0, eager.peak - eager.after)  # (what the window leaves is counted in grown, at every row)
     if plan.handoff_bytes is None:  # a program whose forward's end was not read: as if at its peak
-        return plan.compiled_peak_bytes + eager
-    # the program's peak stands as accepted; the hand-off with the eager bytes may now be higher
-    return max(plan.compiled_peak_bytes, compiled_rank_peak(plan, 0, eager))
+        return plan.compiled_peak_bytes + handoff + grown
+    program_peak = plan.program_peak_bytes  # (a reservation it was compiled with is replaced)
+    at_handoff = compiled_rank_peak(plan, 0 if program_peak is None else program_peak, handoff, eager.freed) + grown
+    # without the program's own peak, the one accepted stands; the hand-off may now be higher
+    return at_handoff if program_peak is not None else max(plan.compiled_peak_bytes + grown, at_handoff)
 
 
-def raised_by(plan: Any, eager: int, lowest_of: Callable[[Any], Any]) -> None:
-    """Count ``eager`` bytes in a plan that still fits with them: its problem holds them at the
-    forward's last step, and its peaks, the smallest-peak plan (``lowest_of(problem)``) and the
-    smallest feasible budget are read again from it."""
+def held_after_forward(plan: Any) -> int:
+    """What the graph holds between its forward and its backward besides its inputs (which the step
+    counts as the model's state and the batch): by its compiled program where it was read, else the
+    values the plan keeps."""
+    inputs = sum(v.bytes for v in plan.problem.values if v.kind is Kind.INPUT)
+    if plan.handoff_bytes is not None:
+        return max(0, plan.handoff_bytes - inputs)
+    by_name = {v.name: v.bytes for v in plan.problem.values}
+    return sum(by_name.get(name, 0) for name in plan.solution.saved)
+
+
+def outside_grown(plan: Any, scope: Any) -> int:
+    """How much more memory outside the graph ``scope`` counts than the plan's own scope did."""
+    if (scope.outside_bytes, scope.copies) == (plan.scope.outside_bytes, plan.scope.copies):
+        return 0
+    saved = plan.solution.saved
+    return (rank_extra_bytes(scope.applied(plan.problem), saved)
+            - rank_extra_bytes(plan.scope.applied(plan.problem), saved))
+
+
+def with_eager(scope: Any, eager: EagerParts) -> Any:
+    """``scope`` counting a measured window (and, in a single process, the calls that step made)."""
+    scope = replace(scope, eager_bytes=eager.peak, eager_after_bytes=eager.after, eager_reserved=False,
+                    other_state_bytes=eager.other_state, eager_freed_bytes=eager.freed)
+    if eager.copies is None or not scope.process or eager.copies == scope.copies:
+        return scope
+    return replace(scope, copies=eager.copies, copy_input_bytes=eager.copies * scope.input_bytes)
+
+
+def raised_by(plan: Any, eager: EagerParts, lowest_of: Callable[[Any], Any]) -> None:
+    """Count ``eager`` parts in a plan that still fits with them: its problem holds the window's peak at
+    the forward's last step and what it leaves through the backward, and its peaks, the smallest-peak
+    plan (``lowest_of(problem)``) and the smallest feasible budget are read again from it."""
     if plan.compiled_peak_bytes is not None:
         plan.compiled_peak_bytes = rank_peak_with(plan, eager)
-    plan.scope = replace(plan.scope, eager_bytes=eager)
+    plan.scope = with_eager(plan.scope, eager)
+    remember(plan.scope)
+    if plan.scope.process:  # the note on what the step counts says measured, not reserved
+        plan.notes = [n for n in plan.notes if not n.startswith(STEP_NOTE)]
+        plan.notes.insert(0, scope_note(plan.scope, plan.world_size, plan.request.budget_scope))
     plan.problem = plan.scope.applied(plan.problem)
     plan.lowest = lowest_of(plan.problem)
     plan.solution = with_timeline(plan.problem, plan.solution)
@@ -263,8 +254,34 @@ def raised_by(plan: Any, eager: int, lowest_of: Callable[[Any], Any]) -> None:
     for name in MIN_FEASIBLE:
         plan.figures.pop(name, None)
     defer_min_feasible(plan)
-    plan.notes.append(f"counted {format_bytes(eager)} of eager parts (the head and loss between the last forward "
+    plan.notes.append(f"counted {format_bytes(eager.peak)} of eager parts (the head and loss between the last forward "
                       "and the first backward), measured on the first step")
+
+
+def remember(scope: Any) -> None:
+    """A process's measured window, for the graph's next compile in this process: the largest measured
+    after it (the window is the caller's code after the graph, which may differ from step to step)."""
+    if scope is None or not scope.process or not scope.graph:
+        return
+    measured = EagerParts(scope.eager_bytes, scope.eager_after_bytes, scope.copies, scope.other_state_bytes,
+                          scope.eager_freed_bytes)
+    remember_under(scope.graph, measured)
+
+
+def remember_measured(gm: Any, measured: EagerParts) -> None:
+    """A window measured for the dynamo graph ``gm`` (``measure_loss``), for its scope to count."""
+    from .plan_cache import graph_fingerprint
+
+    remember_under(graph_fingerprint(gm.graph, by_position=True), measured)
+
+
+def remember_under(graph: str, measured: EagerParts) -> None:
+    known = MEASURED_EAGER.get(graph)
+    if known is not None:  # the larger of each figure, but the lesser of what was freed
+        larger = EagerParts(*(max(a, b) if a is not None and b is not None else (a if b is None else b)
+                              for a, b in zip(dataclasses.astuple(measured), dataclasses.astuple(known))))
+        measured = replace(larger, freed=min(measured.freed, known.freed))
+    MEASURED_EAGER[graph] = measured
 
 
 def with_timeline(problem: Any, solution: Any) -> Any:
@@ -272,7 +289,21 @@ def with_timeline(problem: Any, solution: Any) -> Any:
     return replace(solution, peak_bytes=max(line, default=0), timeline=line)
 
 
+def _device_of(args: tuple) -> torch.device:
+    tensor = next((t for t in _leaves(args) if isinstance(t, torch.Tensor)), None)
+    return torch.device("cpu") if tensor is None else tensor.device
+
+
 def _leaves(out: Any) -> list[Any]:
     if isinstance(out, (list, tuple)):
         return [leaf for item in out for leaf in _leaves(item)]
     return [out]
+
+
+def abandon_open_windows() -> None:
+    """A graph of the step failed to compile: the windows of the graphs before it will see no backward,
+    and their sessions stop now (the next step measures them)."""
+    for watch in list(OPEN_WATCHES.values()):
+        watch.unhook()
+        watch.window.cancel()
+        watch.window = EagerWindow()

@@ -210,16 +210,24 @@ def compile_once(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Pla
         plan.notes.append(f"compiled account incomplete: {step.incomplete_reason}")
     # the rank's memory outside the graph (budget_scope "rank"): the program's peak is one part of it,
     # and so is what it hands the backward while the eager head and loss run between the two
-    plan.handoff_bytes = step.handoff_bytes
+    plan.handoff_bytes, plan.program_peak_bytes = step.handoff_bytes, step.peak_bytes
+    plan.program_peaks = (step.forward_peak_bytes, step.backward_peak_bytes, step.output_bytes)
     peak = compiled_rank_peak(plan, step.peak_bytes, plan.problem.handoff_bytes)
     plan.compiled_peak_bytes = peak
     return compiled, plan, peak
 
 
-def compiled_rank_peak(plan: GraphPlan, program_peak: int, eager: int) -> int:
+def compiled_rank_peak(plan: GraphPlan, program_peak: int, eager: int, freed: int | None = None) -> int:
     """The rank's peak under a plan whose program peaks at ``program_peak``, with ``eager`` bytes
-    of eager code between its forward and backward (``plan.handoff_bytes`` known)."""
+    of eager code between its forward and backward (``plan.handoff_bytes`` known). Outputs the eager
+    code was measured to free (a loss outside the model drops the logits) are not held through the
+    backward, which the program's own account does."""
     extra = rank_extra_bytes(plan.problem, plan.solution.saved)
+    if freed is None:
+        freed = plan.scope.eager_freed_bytes if plan.scope is not None else 0
+    if freed and plan.program_peaks is not None and program_peak == plan.program_peak_bytes:
+        forward, backward, outputs = plan.program_peaks
+        program_peak = max(forward, backward - min(freed, outputs))
     return max(program_peak, (plan.handoff_bytes or 0) + eager) + extra
 
 

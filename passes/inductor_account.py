@@ -59,6 +59,11 @@ class StepAccount:
     complete: bool
     incomplete_reason: str = ""
     handoff_bytes: int = 0  # alive when the forward returns: its inputs and what it hands the backward
+    backward_peak_bytes: int = 0  # the backward's own peak (peak_bytes is the larger of it and the forward's)
+    forward_peak_bytes: int = 0
+    # the forward's outputs the backward does not take (the caller's: logits a loss outside reads), which
+    # the account holds to the end of the step as the caller may
+    output_bytes: int = 0
 
 
 @contextlib.contextmanager
@@ -196,6 +201,9 @@ def step_account(programs: list[Program], workspace: Mapping[str, int] | None = 
     fwd_peak, fwd_where = run(forward, storages, "forward", scratch)
     handed = returned(forward, storages)
     handoff = storages.alive
+    taken = {handed[fx] for fx in backward.fx_inputs if fx in handed}
+    caller_outputs = {sid for fx, sid in handed.items() if sid not in taken}
+    output_bytes = sum(storages.size[sid] for sid in caller_outputs)
     for name in list(forward.inputs):
         storages.drop(name)  # the pins above hold them; forward's names are out of scope
     for fx_name, name in zip(backward.fx_inputs, backward.inputs):
@@ -209,4 +217,4 @@ def step_account(programs: list[Program], workspace: Mapping[str, int] | None = 
     peak, where = max((fwd_peak, fwd_where), (bwd_peak, bwd_where))
     unknown = sorted(set(forward.unknown + backward.unknown))
     reason = f"unknown wrapper line kinds {unknown}" if unknown else ""
-    return StepAccount(peak, where, not unknown, reason, handoff)
+    return StepAccount(peak, where, not unknown, reason, handoff, bwd_peak, fwd_peak, output_bytes)

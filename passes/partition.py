@@ -81,6 +81,8 @@ class GraphPlan:
     cache_key: dict[str, object] | None = None  # the plan cache key it was stored under
     compiled_peak_bytes: int | None = None  # what the program Inductor generated peaks at
     handoff_bytes: int | None = None  # alive when that program's forward returns: inputs, what it hands the backward
+    program_peak_bytes: int | None = None  # that program's own peak (compiled_peak_bytes adds the step's other memory)
+    program_peaks: tuple[int, int, int] | None = None  # its forward's and backward's peaks, the caller's outputs
     compile_attempts: int = 0
     rank: int = 0  # under torch.distributed: this process's rank, and how many ranks agreed on the plan
     world_size: int = 1
@@ -263,8 +265,10 @@ class Planner:
             plan.unfolded = unfolded_adds(joint_graph, node_info)
         plan.scope = self.scope
         self.note_rank(plan)
-        if self.unread_state:
-            note = (f"counted {format_bytes(self.unread_state)} of the module's parameters and buffers that "
+        # (in a process's step scope they are its resident bytes)
+        unread = self.unread_state or (plan.scope.resident_bytes if plan.scope is not None and plan.scope.process else 0)
+        if unread:
+            note = (f"counted {format_bytes(unread)} of the module's parameters and buffers that "
                     "this graph does not read (held through its step)")
             plan.notes += [] if note in plan.notes else [note]
         if self.capture_started is not None:
@@ -379,6 +383,7 @@ class Planner:
     def loaded_plan(self, cached: plan_cache.CachedPlan, seconds: float) -> GraphPlan:
         """The plan of a program AOTAutograd's cache loaded whole: its report from the stored plan."""
         plan = self.plan_from_cache(cached, set(), None)
+        plan.scope = self.scope
         plan.plan_cache = "program"
         plan.timings = {"cached program": seconds}
         plan.graphs = dict.fromkeys(("forward", "backward"))  # nothing more arrives for it: complete
@@ -428,16 +433,24 @@ class Planner:
             plan.graphs = dict.fromkeys(plan.graphs)  # matched and checked: the modules are not kept alive
 
 
+STEP_NOTE = "the budget bounds the step: counted "
+
+
 def scope_note(scope: RankScope | None, world_size: int, budget_scope: str) -> str | None:
     """What a budget bounds for this graph, when that is not simply the graph's whole step."""
+    if scope is not None and scope.process:
+        eager = (f"{format_bytes(scope.eager_bytes)} reserved for the eager code after the graph (three times its "
+                 "outputs that a backward reaches: a loss outside the model), measured on the first step and counted from "
+                 "the next" if scope.eager_reserved else
+                 f"{format_bytes(scope.eager_bytes)} of eager code after the graph (a loss outside the model), "
+                 "measured on the first step")
+        return f"{STEP_NOTE}{eager}"
     if scope is not None:
         return (f"the budget bounds the rank's step ({scope.wrapper}): counted {format_bytes(scope.resident_bytes)} "
                 f"resident, {format_bytes(scope.comm_bytes)} of communication buffers and {scope.copies} other "
                 "copies of this graph's kept activations and inputs"
                 + (f", {format_bytes(scope.eager_bytes)} of eager head and loss" if scope.eager_bytes else
                    "; the eager head and loss are measured on the first step and counted from the next"))
-    if budget_scope == "rank":
-        return "budget_scope=\"rank\" found no FSDP2 or DDP model around this graph: the budget bounds its own step"
     if world_size > 1:
         return ("the budget bounds this graph's own step (budget_scope=\"graph\"): memory the rank holds outside "
                 "it (other graphs' kept activations, FSDP's unsharded parameters and buffers, shards, eager code) "

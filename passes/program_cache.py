@@ -55,7 +55,8 @@ def usable(planner: Planner, example_inputs: Sequence[Any]) -> bool:
     before remat's compile begins: that turns AOTAutograd's cache off). Not for symbolic
     sizes: remat pins them when it plans (``adapter.specialize_sizes``), which a program
     loaded whole would skip."""
-    return (planner.disk is not None and planner.request.compiler == "inductor" and planner.scope is None
+    process_only = planner.scope is None or planner.scope.process  # (a rank's scope waits for every rank)
+    return (planner.disk is not None and planner.request.compiler == "inductor" and process_only
             and not planner.stop_after_plan and ranks.world()[1] == 1 and all(map(_static, example_inputs))
             and adapter.program_cache_usable())
 
@@ -76,6 +77,7 @@ def program_key(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Plan
             "requires_grad": [getattr(x, "requires_grad", None) for x in example_inputs],
             **plan_cache.request_key(planner.request),
             "grad": torch.is_grad_enabled(), "autocast": autocast, "unread_state_bytes": planner.unread_state,
+            "scope": None if planner.scope is None else planner.scope.key(),
             "torch": torch.__version__, "remat": plan_cache.remat_version()}
     return json.loads(json.dumps(key))  # as a stored key reads back (tuples as lists)
 

@@ -1,4 +1,4 @@
-"""The per-rank budget (``budget_scope="rank"``): what a rank holds outside one compiled graph.
+"""The step's budget: what a rank (or a single process) holds outside one compiled graph.
 
 Under FSDP2 or DDP a compiled graph is one part of a rank's training step. While the last of
 L identical blocks runs its backward, the other L-1 blocks still hold their kept activations
@@ -12,6 +12,12 @@ rank's, and so is the predicted peak.
 The eager code between compiled graphs (an FSDP2 model's embedding, head and loss when only its
 blocks are compiled) is measured on the first step instead (``passes/eager_parts.py``) and
 counted from then on (``eager_bytes``). Not counted: optimizer state (as on one GPU).
+
+In a single process (no FSDP2 or DDP around the graph) the scope is the process's step
+(``wrapper`` "process"): the module's state the graph does not read is resident, and the eager
+code after the graph (a loss computed outside the model, graph-break code and later graphs) is
+reserved before the first step (:func:`reserved_eager_bytes`), measured on it and counted from the
+next.
 """
 
 from __future__ import annotations
@@ -27,9 +33,6 @@ from remat.solvers.problem import Problem
 
 from . import torch_adapter as adapter
 
-SCOPES = ("auto", "rank", "graph")
-
-
 @dataclass(frozen=True)
 class RankScope:
     """The rank's memory outside one graph, in bytes.
@@ -43,7 +46,18 @@ class RankScope:
     - ``copy_input_bytes``: the copies' activation inputs, which their backwards read;
     - ``eager_bytes``: what the eager code between the graph's last forward and its first
       backward (a model's head and loss) allocates above what it found, measured on the first
-      step (``passes/eager_parts.py``); 0 until then.
+      step (``passes/eager_parts.py``); until then 0 under FSDP2 and DDP, and a reservation in a
+      single process (``eager_reserved``);
+    - ``eager_after_bytes``: what that eager code leaves alive through the backward besides the
+      outputs' gradients (the loss, a head's outputs the caller keeps), counted at every step;
+    - ``graphs_bytes``: what other graphs of the step hold while this one runs: those whose forward
+      had returned, and whose backward had not begun, when this one was compiled (graph breaks,
+      separately compiled modules: an encoder's kept activations while its head runs);
+    - ``other_state_bytes``: parameters and buffers of other graphs that ran between this graph's
+      forward and its backward on the first step, which its own module does not hold (a head
+      compiled apart from its encoder), held through the step as the model's state;
+    - ``eager_freed_bytes``: what that eager code freed of what the graph had left (the logits a loss
+      outside the model drops), not held through the backward then.
     """
 
     wrapper: str
@@ -52,31 +66,53 @@ class RankScope:
     comm_bytes: int = 0
     copy_input_bytes: int = 0
     eager_bytes: int = 0
+    eager_after_bytes: int = 0
+    eager_reserved: bool = False
+    graphs_bytes: int = 0
+    other_state_bytes: int = 0
+    eager_freed_bytes: int = 0
+    graph: str = ""  # the compiled graph's fingerprint, under which a measured window is remembered
+    input_bytes: int = 0  # the graph's activation inputs per call (a copy's, in copy_input_bytes)
+
+    @property
+    def process(self) -> bool:
+        """The step of a single process, not a rank of FSDP2 or DDP."""
+        return self.wrapper == PROCESS
 
     @property
     def outside_bytes(self) -> int:
-        return self.resident_bytes + self.comm_bytes + self.copy_input_bytes
+        return (self.resident_bytes + self.comm_bytes + self.copy_input_bytes + self.eager_after_bytes
+                + self.graphs_bytes + self.other_state_bytes)
 
     def applied(self, problem: Problem) -> Problem:
-        # the eager bytes live between the graph's forward and its backward only: one memory row
+        # the eager bytes live between the graph's forward and its backward only: one memory row (what
+        # they leave through the backward is in outside_bytes, alive at every row, that row included)
         return replace(problem, outside_bytes=self.outside_bytes, kept_copies=self.copies,
-                       handoff_bytes=self.eager_bytes)
+                       handoff_bytes=max(0, self.eager_bytes - self.eager_after_bytes))
 
     def key(self) -> dict[str, Any]:
-        """What the plan cache keys on: a plan made for other outside memory is another plan."""
-        return asdict(self)
+        """What the plan cache keys on: a plan made for other outside memory is another plan. A process's
+        eager figures are left out: its first step measures them again and plans again where they changed
+        (a plan stored before them, loaded after, is then counted anew)."""
+        measured = {"graph", "eager_bytes", "eager_after_bytes", "eager_reserved", "other_state_bytes",
+                    "eager_freed_bytes"}
+        return {name: value for name, value in asdict(self).items() if not (self.process and name in measured)
+                and name != "graph"}
+
+
+PROCESS = "process"
 
 
 def scope_of(gm: fx.GraphModule, example_inputs: Sequence[Any], budget_scope: str) -> RankScope | None:
-    """The rank scope of the graph dynamo is compiling now, or None: ``budget_scope`` "graph",
-    or "auto" with no FSDP2 or DDP model around the graph."""
+    """The step scope of the graph dynamo is compiling now: a rank's under FSDP2 or DDP, else the
+    process's; None for ``budget_scope`` "graph"."""
     if budget_scope == "graph":
         return None
     modules = adapter.modules_being_called()
     fsdp = [m for m in modules if adapter.is_fsdp2_module(m)]
     ddp = [m for m in modules if adapter.is_ddp_module(m)]
     if not modules or not (fsdp or ddp):
-        return None
+        return process_scope(gm, example_inputs)
     compiled, params, inputs = modules[0], parameter_bytes(example_inputs), activation_input_bytes(gm, example_inputs)
     if fsdp:
         groups = adapter.fsdp2_groups(fsdp[0])
@@ -87,17 +123,91 @@ def scope_of(gm: fx.GraphModule, example_inputs: Sequence[Any], budget_scope: st
     return None
 
 
-def unread_state_bytes(example_inputs: Sequence[Any]) -> int:
+# The eager window measured after each graph in this process, by the graph's fingerprint: a graph compiled
+# again (another remat.compile or remat.plan of the model) counts what its first step measured
+MEASURED_EAGER: dict[str, Any] = {}  # fingerprint -> passes.eager_parts.EagerParts
+# What each graph of this process holds while its forward has returned and its backward has not begun, by
+# its watch (passes/eager_parts.py keeps it on the first step): a graph compiled then runs beside it
+# (activations, state by storage, outputs by storage)
+HELD_BY_OPEN_GRAPHS: dict[int, tuple[int, dict[tuple, int], dict[tuple, int]]] = {}
+
+
+def process_scope(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> RankScope:
+    """A single process's step: the module's unread state resident, and the eager code after the graph
+    as measured after this graph before, else reserved until the first step measures it."""
+    from .plan_cache import graph_fingerprint
+
+    graph = graph_fingerprint(gm.graph, by_position=True)
+    measured = MEASURED_EAGER.get(graph)
+    # the whole model the step runs holds its state, also what other graphs or eager code read
+    resident = unread_state_bytes(example_inputs, outermost=True)
+    modules = adapter.modules_being_called()
+    # a module built like others of the model (a block) is called once for each: their kept values add up
+    copies = copies_of(modules[0], modules[-1]) if modules else 0
+    inputs = activation_input_bytes(gm, example_inputs)
+    scope = RankScope(PROCESS, copies=copies, resident_bytes=resident, copy_input_bytes=copies * inputs, graph=graph,
+                      input_bytes=inputs, graphs_bytes=open_graphs_bytes(example_inputs))
+    if measured is None:
+        return replace(scope, eager_bytes=reserved_eager_bytes(gm), eager_reserved=True)
+    copies = copies if measured.copies is None else measured.copies  # (a loss_fn measured alone saw no calls)
+    return replace(scope, eager_bytes=measured.peak, eager_after_bytes=measured.after, copies=copies,
+                   copy_input_bytes=copies * inputs, other_state_bytes=measured.other_state,
+                   eager_freed_bytes=measured.freed)
+
+
+def reserved_eager_bytes(gm: fx.GraphModule) -> int:
+    """What the step's first run counts for the eager code after the graph, before measuring it: three
+    times the bytes of the graph's outputs that a backward will reach (a cross-entropy loss holds the
+    log-softmax of its input, then its gradient and the input's gradient at once); 0 for scalar outputs
+    (a loss inside the model)."""
+    (output,) = gm.graph.find_nodes(op="output")
+    values = [node.meta.get("example_value") for node in output.all_input_nodes]
+    tensors = [v for v in values if isinstance(v, torch.Tensor) and v.requires_grad]
+    numels = [int(adapter.size_hint(v.numel())) for v in tensors]
+    return 3 * sum(n * v.element_size() for n, v in zip(numels, tensors) if n > 1)  # (not a scalar loss)
+
+
+def open_graphs_bytes(example_inputs: Sequence[Any]) -> int:
+    """What the graphs whose forward returned and whose backward has not begun hold beside a graph
+    compiled now: their activations (less their outputs it takes as inputs: it counts those), and their
+    parameters and buffers it does not hold itself."""
+    own_state = state_storages(example_inputs)
+    taken = {_storage_of(t)[0] for t in example_inputs if isinstance(t, torch.Tensor)}
+    state: dict[tuple, int] = {}
+    total = 0
+    for held, graph_state, outputs in HELD_BY_OPEN_GRAPHS.values():
+        state.update(graph_state)
+        total += max(0, held - sum(n for key, n in outputs.items() if key in taken))
+    return total + sum(n for key, n in state.items() if key not in own_state)
+
+
+def state_storages(example_inputs: Sequence[Any]) -> dict[tuple, int]:
+    """The model state a graph's step holds, by storage: the parameters and buffers among its inputs and
+    those of the outermost module being called (``unread_state_bytes``'s)."""
+    modules = adapter.modules_being_called()
+    own = [t for t in example_inputs if isinstance(t, torch.nn.Parameter)]
+    held = [*modules[-1].parameters(), *modules[-1].buffers()] if modules else []
+    return dict(_storage_of(t) for t in [*own, *held])
+
+
+def unread_state_bytes(example_inputs: Sequence[Any], *, outermost: bool = False) -> int:
     """Bytes of the compiled module's parameters and buffers that the graph does not take as
     inputs (an unused buffer, a part another graph reads): held through the step, as the budget
     counts the model's state, though no line of the graph's program allocates or reads them.
-    Each storage once; 0 when no module is being compiled (a function)."""
+    Each storage once; 0 when no module is being compiled (a function). ``outermost``: of the
+    outermost module being called (the whole model of the step) instead of the innermost."""
     modules = adapter.modules_being_called()
     if not modules:
         return 0
+    module = modules[-1] if outermost else modules[0]
     read = {_storage_of(t)[0] for t in example_inputs if isinstance(t, torch.Tensor)}
-    state = dict(_storage_of(t) for t in [*modules[0].parameters(), *modules[0].buffers()])
+    state = dict(_storage_of(t) for t in [*module.parameters(), *module.buffers()])
     return sum(nbytes for key, nbytes in state.items() if key not in read)
+
+
+def storages_of(tensors: Sequence[Any]) -> dict[tuple, int]:
+    """The storages behind ``tensors``, each once, by what identifies it."""
+    return dict(_storage_of(t) for t in tensors if isinstance(t, torch.Tensor))
 
 
 def _storage_of(t: torch.Tensor) -> tuple[tuple, int]:
@@ -123,14 +233,14 @@ def fsdp2_scope(groups: list[adapter.FsdpGroup], own_module: torch.nn.Module, ro
     prefetch = max((g.unsharded_bytes for g in groups if g.reshards_after_forward and g is not own), default=0)
     reduce_scatter = max((g.unsharded_grad_bytes for g in groups), default=0)
     copies = copies_of(compiled, root)
-    return RankScope("FSDP2", copies, resident, prefetch + reduce_scatter, copies * inputs)
+    return RankScope("FSDP2", copies, resident, prefetch + reduce_scatter, copies * inputs, input_bytes=inputs)
 
 
 def ddp_scope(ddp: torch.nn.Module, compiled: torch.nn.Module, inputs: int) -> RankScope:
     """DDP: the reducer's buckets hold a copy of every trainable parameter's gradient."""
     buckets = sum(p.numel() * p.element_size() for p in ddp.parameters() if p.requires_grad)
     copies = copies_of(compiled, ddp.module)
-    return RankScope("DDP", copies, buckets, 0, copies * inputs)
+    return RankScope("DDP", copies, buckets, 0, copies * inputs, input_bytes=inputs)
 
 
 def copies_of(compiled: torch.nn.Module, root: torch.nn.Module) -> int:

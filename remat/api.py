@@ -112,16 +112,21 @@ def plan(model: Callable[..., Any], *inputs: Any, budget_gb: float | None = None
          time_limit_s: float = 30.0, profile: str = "measure", compiler: str = "inductor",
          headroom: float | None = None, plan_cache: bool | str = True,
          policy: Policy | str | None = None, checkpoint_regions: str = "recompute",
-         budget_scope: str = "auto") -> Report:
+         budget_scope: str = "auto", loss_fn: Callable[[Any], torch.Tensor] | None = None) -> Report:
     """Plan ``model(*inputs)`` under ``budget_gb`` and return the Report.
 
     No training step runs and no parameter, buffer or gradient changes:
     capture stops as soon as the first graph's plan is made. ``compiler``
     must match the one the model will be compiled with: Inductor's joint
     graph is decomposed further and its fusion changes what is allocated.
+
+    ``loss_fn(output) -> scalar``: the loss your step computes outside the model (targets bound in it,
+    e.g. ``lambda logits: F.cross_entropy(logits.flatten(0, 1), y.flatten())``). remat runs it and its
+    backward once, on random outputs shaped like the model's, and counts what it allocates instead of the
+    reservation made before a first step (see the README, What the budget means).
     """
     options = Options.pick(locals())
-    backend = RematBackend(options, stop_after_plan=True)
+    backend = RematBackend(options, stop_after_plan=True, loss_fn=loss_fn)
     try:
         torch.compile(model, backend=backend)(*inputs)
     except Exception as exc:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 import torch.fx as fx
@@ -31,9 +30,11 @@ _NAMED_BACKENDS: list[RematBackend] = []
 class RematBackend:
     """A torch.compile backend that plans each graph under ``options``."""
 
-    def __init__(self, options: Options, *, stop_after_plan: bool = False) -> None:
+    def __init__(self, options: Options, *, stop_after_plan: bool = False,
+                 loss_fn: Callable[[Any], Any] | None = None) -> None:
         self.options = options
         self.stop_after_plan = stop_after_plan
+        self.loss_fn = loss_fn  # remat.plan(..., loss_fn=): the eager code after the graph, measured before planning
         # Op by op the model is exact: planning is enough. Under Inductor a plan is
         # compiled (nothing runs) so that its program is known; then capture stops.
         self.planner = Planner(options.request(), stop_after_plan=stop_after_plan and options.compiler == "eager")
@@ -54,6 +55,13 @@ class RematBackend:
         return report
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        try:
+            return self.compile_graph(gm, example_inputs)
+        except BaseException:
+            eager_parts.abandon_open_windows()  # the step stops here: no backward will end them
+            raise
+
+    def compile_graph(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         if self.options.budget_gb is not None and adapter.compiling_ddp_bucket():
             raise GraphError(
                 "under a budget remat compiles a DDP model as one graph: torch.compile splits it at DDP's "
@@ -61,6 +69,8 @@ class RematBackend:
                 "the others' activations stay alive, so the rank's step would exceed it. Set "
                 "torch._dynamo.config.optimize_ddp = False before compiling (DDP still overlaps its "
                 "allreduces with the backward), or drop budget_gb.")
+        if self.loss_fn is not None and self.planner.request.budget_scope != "graph":
+            eager_parts.remember_measured(gm, eager_parts.measure_loss(self.loss_fn, gm))
         # what the rank holds outside this graph, when the budget is the rank's (read before
         # any exchange: every rank reads its own FSDP or DDP state)
         self.planner.scope = rank_scope.scope_of(gm, example_inputs, self.planner.request.budget_scope)
@@ -73,7 +83,7 @@ class RematBackend:
         plan = self.planner.plans[-1]
         # the eager code around the graph (head, loss) is measured on the first step, counted from the next
         return eager_parts.EagerWatch(compiled, plan, lambda eager: self.replanned(gm, example_inputs, plan, eager),
-                                      lambda eager: self.recounted(plan, eager))
+                                      lambda eager: self.recounted(plan, eager), rank_scope.state_storages(example_inputs))
 
     def agreed(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         """Plan and compile the graph as every rank agrees: rank 0 decides, the others follow."""
@@ -128,10 +138,11 @@ class RematBackend:
             return compiled
 
     def replanned(self, gm: fx.GraphModule, example_inputs: Sequence[Any], plan: GraphPlan,
-                  eager: int) -> Callable[..., Any]:
-        """``plan``'s graph planned and compiled again with ``eager`` bytes of eager parts counted;
-        the new plan takes the old one's place among the reports."""
-        self.planner.scope = replace(plan.scope, eager_bytes=eager)
+                  eager: eager_parts.EagerParts) -> Callable[..., Any]:
+        """``plan``'s graph planned and compiled again with ``eager`` parts counted; the new plan takes
+        the old one's place among the reports."""
+        self.planner.scope = eager_parts.with_eager(plan.scope, eager)
+        eager_parts.remember(self.planner.scope)
         index = self.planner.plans.index(plan)
         compiled = self.agreed(gm, example_inputs)
         self.planner.plans.remove(plan)
@@ -139,8 +150,8 @@ class RematBackend:
         self.built.pop(plan, None)
         return compiled
 
-    def recounted(self, plan: GraphPlan, eager: int) -> None:
-        """``plan`` still fits with ``eager`` bytes of eager parts: its figures count them."""
+    def recounted(self, plan: GraphPlan, eager: eager_parts.EagerParts) -> None:
+        """``plan`` still fits with ``eager`` parts: its figures count them."""
         eager_parts.raised_by(plan, eager, self.planner.lowest_of)
         self.built.pop(plan, None)
 

@@ -193,9 +193,9 @@ OPTION_FLAGS: dict[str, dict[str, Any]] = {
     "checkpoint_regions": {"choices": ["recompute", "plan"],
                            "help": "regions wrapped in torch.utils.checkpoint: recompute as asked (default), "
                                    "or let remat plan them"},
-    "budget_scope": {"choices": ["auto", "rank", "graph"],
-                     "help": "under FSDP2 or DDP: the budget bounds the rank's step (rank) or each graph's (graph); "
-                             "default auto (rank where remat finds FSDP2 or DDP)"},
+    "budget_scope": {"choices": ["auto", "step", "rank", "graph"],
+                     "help": "the budget bounds the training step as it runs, per rank under FSDP2 or DDP "
+                             "(auto, the default; step and rank say the same), or each graph's own step (graph)"},
 }
 
 

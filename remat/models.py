@@ -39,9 +39,29 @@ class TransformerShape:
     d_model: int = 64
     heads: int = 4
     batch: int = 2
+    # a graph break after this many blocks (a data-dependent branch, as a training loop's NaN check
+    # makes): torch.compile then captures two graphs; None: one
+    graph_break_after: int | None = None
 
     def __post_init__(self) -> None:
         _check_heads(self.d_model, self.heads)
+        if self.graph_break_after is not None and not 0 < self.graph_break_after < self.layers:
+            raise ValueError(f"graph_break_after must be between 1 and layers - 1, got {self.graph_break_after}")
+
+
+def run_blocks(blocks: nn.ModuleList, x: torch.Tensor, split: int | None, *args: torch.Tensor) -> torch.Tensor:
+    """``x`` through every block, with a graph break after the first ``split`` of them (a data-dependent
+    branch, outside any loop, so that torch.compile resumes in a second graph)."""
+    first = len(blocks) if split is None else split
+    for block in blocks[:first]:
+        x = block(x, *args)
+    if split is None:
+        return x
+    if bool(x.isnan().any()):  # data-dependent: dynamo breaks the graph here
+        raise FloatingPointError("NaN in the activations")
+    for block in blocks[first:]:
+        x = block(x, *args)
+    return x
 
 
 @dataclass(frozen=True)
@@ -229,15 +249,22 @@ class GPT(nn.Module):
         )
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
+        self.graph_break_after = cfg.graph_break_after
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Loss of predicting ``targets`` (B, T) from token ids ``idx`` (B, T)."""
+        return next_token_loss(self.predict(idx), targets)
+
+    def predict(self, idx: torch.Tensor) -> torch.Tensor:
+        """Next-token logits (B, T, vocab) from token ids ``idx`` (B, T)."""
         pos = torch.arange(idx.shape[1], device=idx.device)
-        x = self.tok_emb(idx) + self.pos_emb(pos)
-        for block in self.blocks:
-            x = block(x)
-        logits = self.lm_head(self.ln_f(x))
-        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        x = run_blocks(self.blocks, self.tok_emb(idx) + self.pos_emb(pos), self.graph_break_after)
+        return self.lm_head(self.ln_f(x))
+
+
+def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of logits (B, T, vocab) against targets (B, T)."""
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
 # --------------------------------------------------------------------------
@@ -329,6 +356,7 @@ class Llama(nn.Module):
         super().__init__()
         self.tok_emb = nn.Embedding(cfg.vocab, cfg.d_model)
         self.blocks = nn.ModuleList(LlamaBlock(cfg) for _ in range(cfg.layers))
+        self.graph_break_after = cfg.graph_break_after
         self.norm = RMSNorm(cfg.d_model)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
         cos, sin = rope_tables(cfg.seq, cfg.d_model // cfg.heads)
@@ -337,13 +365,14 @@ class Llama(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Loss of predicting ``targets`` (B, T) from token ids ``idx`` (B, T)."""
+        return next_token_loss(self.predict(idx), targets)
+
+    def predict(self, idx: torch.Tensor) -> torch.Tensor:
+        """Next-token logits (B, T, vocab) from token ids ``idx`` (B, T)."""
         t = idx.shape[1]
         cos, sin = self.rope_cos[:t], self.rope_sin[:t]
-        x = self.tok_emb(idx)
-        for block in self.blocks:
-            x = block(x, cos, sin)
-        logits = self.lm_head(self.norm(x))
-        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        x = run_blocks(self.blocks, self.tok_emb(idx), self.graph_break_after, cos, sin)
+        return self.lm_head(self.norm(x))
 
 
 # --------------------------------------------------------------------------
@@ -379,9 +408,13 @@ class ConvNet(nn.Module):
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Loss of classifying images ``x`` (N, 3, H, W) as labels ``y`` (N,)."""
+        return F.cross_entropy(self.predict(x), y)
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """Class logits (N, classes) of images ``x`` (N, 3, H, W)."""
         h = self.blocks(self.stem(x))
         h = F.adaptive_avg_pool2d(h, 1).flatten(1)
-        return F.cross_entropy(self.head(h), y)
+        return self.head(h)
 
 
 # --------------------------------------------------------------------------
@@ -399,17 +432,20 @@ class ViT(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.d_model))
         self.pos_emb = nn.Parameter(0.02 * torch.randn(1, patches + 1, cfg.d_model))
         self.blocks = nn.ModuleList(Block(cfg.d_model, cfg.heads, causal=False) for _ in range(cfg.layers))
+        self.graph_break_after = cfg.graph_break_after
         self.norm = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.classes)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Loss of classifying images ``x`` (N, 3, H, W) as labels ``y`` (N,)."""
+        return F.cross_entropy(self.predict(x), y)
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """Class logits (N, classes) of images ``x`` (N, 3, H, W), from the cls token."""
         patches = self.patch_emb(x).flatten(2).transpose(1, 2)
         cls = self.cls_token.expand(patches.shape[0], -1, -1)
-        h = torch.cat((cls, patches), dim=1) + self.pos_emb
-        for block in self.blocks:
-            h = block(h)
-        return F.cross_entropy(self.head(self.norm(h[:, 0])), y)
+        h = run_blocks(self.blocks, torch.cat((cls, patches), dim=1) + self.pos_emb, self.graph_break_after)
+        return self.head(self.norm(h[:, 0]))
 
 
 # --------------------------------------------------------------------------
@@ -431,4 +467,8 @@ class DropoutMLP(nn.Module):
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Mean squared error of predicting ``y`` (N, 1) from ``x`` (N, width)."""
-        return F.mse_loss(self.net(x), y)
+        return F.mse_loss(self.predict(x), y)
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """Predictions (N, 1) from ``x`` (N, width)."""
+        return self.net(x)

@@ -19,7 +19,7 @@ from .budget import budget_bytes
 COMPILERS = ("inductor", "eager")
 PROFILES = ("measure", "analytic")
 CHECKPOINT_REGIONS = ("recompute", "plan")
-BUDGET_SCOPES = ("auto", "rank", "graph")
+BUDGET_SCOPES = ("auto", "step", "rank", "graph")
 
 
 @dataclass(frozen=True)
@@ -54,12 +54,14 @@ class Options:
       asked, as torch does, and reports say so; "plan" lets remat decide
       inside them too, as for the rest of the graph. Selective-checkpoint
       tags (``MUST_SAVE``/``MUST_RECOMPUTE``) bind either way.
-    - ``budget_scope``: what ``budget_gb`` bounds under FSDP2 or DDP. "rank": the
-      rank's whole step (local shards, FSDP's unsharded parameters and
-      communication buffers, DDP's buckets, and every copy of a compiled block's
-      kept activations); "graph": each compiled graph's own step; "auto"
-      (default): "rank" where remat finds an FSDP2 or DDP model around the graph,
-      else "graph" (see the README, Distributed training).
+    - ``budget_scope``: what ``budget_gb`` bounds. "auto" (default), "step" or
+      "rank": the training step as it runs, per rank: the eager code after the
+      graph (a loss computed outside the model; reserved before the first step,
+      measured on it, counted from the next), the module's state the graph does
+      not read, and under FSDP2 or DDP the rank's local shards, FSDP's unsharded
+      parameters and communication buffers, DDP's buckets and every copy of a
+      compiled block's kept activations; "graph": each compiled graph's own
+      forward+backward only (see the README, What the budget means).
     """
 
     budget_gb: float | None = None

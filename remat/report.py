@@ -85,12 +85,17 @@ class Report(Deferring):
     # under torch.distributed: this process's rank and the ranks that share the plan (rank 0's)
     rank: int = 0
     world_size: int = 1
-    # what budget_bytes bounds: "graph" (this graph's step) or "rank" (the rank's step, FSDP2 or
-    # DDP: then every peak here is the rank's, and these are the bytes counted outside the graph)
+    # what budget_bytes bounds: "step" (the training step as it runs: every peak here is the step's, and
+    # these are the bytes counted outside the graph), "rank" (the same, per rank, under FSDP2 or DDP) or
+    # "graph" (this graph's own forward+backward, budget_scope="graph")
     budget_scope: str = "graph"
-    resident_bytes: int = 0  # local shards, unsharded parameters kept across the step, DDP's buckets
+    resident_bytes: int = 0  # the model's state the graph does not read; FSDP's shards and unsharded parameters, DDP's buckets
     comm_bytes: int = 0  # FSDP's prefetched all-gather and a reduce-scatter input
-    eager_bytes: int = 0  # the eager head and loss between forward and backward, measured on the first step
+    eager_bytes: int = 0  # the eager code between forward and backward (a loss, a head), measured on the first step
+    eager_reserved: bool = False  # eager_bytes is the reservation made before a first step measured them
+    eager_after_bytes: int = 0  # what that eager code leaves alive through the backward (the loss)
+    graphs_bytes: int = 0  # other graphs' kept activations and state while this one runs (graph breaks)
+    other_state_bytes: int = 0  # parameters of graphs run between its forward and backward (a head compiled apart)
     kept_copies: int = 0  # other modules this graph's plan stands for, each holding its kept values
     copies_kept_bytes: int = 0  # what they hold: their kept values and inputs under this plan
     min_feasible_solve_seconds: float = Deferred(0.0)
@@ -221,6 +226,11 @@ class Report(Deferring):
                          f"{rule['overhead_seconds'] * 1e3:+.3f} ms (its rule in remat's model)")
         if self.measured_peak_bytes is not None:
             lines.append(f"measured peak          {gib(self.measured_peak_bytes)}")
+        if self.budget_scope == "step":
+            eager = "reserved" if self.eager_reserved else "measured"
+            lines.append(f"step outside graph     {gib(self.eager_bytes)} eager code after it ({eager}; a loss "
+                         f"outside the model), {gib(self.resident_bytes + self.other_state_bytes)} model state it "
+                         f"does not read, {gib(self.graphs_bytes)} held by other graphs")
         if self.budget_scope == "rank":
             lines.append(f"rank outside graph     {gib(self.resident_bytes)} resident, {gib(self.comm_bytes)} "
                          f"communication, {gib(self.copies_kept_bytes)} kept by {self.kept_copies} other copies, "
@@ -283,8 +293,10 @@ def scope_fields(scope: Any, problem: Problem, solution: Solution) -> dict[str, 
     if scope is None:
         return {}
     copies = kept_by_copies(problem, solution.saved) + scope.copy_input_bytes
-    return {"budget_scope": "rank", "resident_bytes": scope.resident_bytes, "comm_bytes": scope.comm_bytes,
-            "eager_bytes": scope.eager_bytes, "kept_copies": scope.copies, "copies_kept_bytes": copies}
+    return {"budget_scope": "step" if scope.process else "rank", "resident_bytes": scope.resident_bytes,
+            "comm_bytes": scope.comm_bytes, "eager_bytes": scope.eager_bytes, "eager_reserved": scope.eager_reserved,
+            "eager_after_bytes": scope.eager_after_bytes, "graphs_bytes": scope.graphs_bytes,
+            "other_state_bytes": scope.other_state_bytes, "kept_copies": scope.copies, "copies_kept_bytes": copies}
 
 
 # --- timelines ---------------------------------------------------------------

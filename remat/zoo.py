@@ -3,10 +3,14 @@
 GPT-style (fused SDPA or explicit softmax attention), Llama-style, ResNet-style
 conv net, ViT and a dropout MLP. Every model's ``forward`` takes the example
 inputs made by :func:`build` and returns a scalar loss, so
-``model(*inputs).backward()`` is one training step.
+``model(*inputs).backward()`` is one training step. :func:`build_loss_outside` builds the
+same model the way most training loops are written: the model returns predictions and the loss is
+computed outside it.
 
 >>> model, inputs = build("gpt", layers=2, d_model=64, seq=32)
 >>> model(*inputs).backward()
+>>> outside = build_loss_outside("gpt", layers=2, d_model=64, seq=32)
+>>> outside.step(outside.model)
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .models import (
@@ -32,10 +37,11 @@ from .models import (
     MLPConfig,
     ViT,
     ViTConfig,
+    next_token_loss,
 )
 
 __all__ = ["GPT", "GPTConfig", "Llama", "LlamaConfig", "ConvNet", "ConvNetConfig", "ViT", "ViTConfig",
-           "DropoutMLP", "MLPConfig", "MODELS", "ModelSpec", "build", "names"]
+           "DropoutMLP", "MLPConfig", "MODELS", "ModelSpec", "LossOutside", "build", "build_loss_outside", "names"]
 
 
 def _token_inputs(cfg: GPTConfig | LlamaConfig) -> Inputs:
@@ -63,6 +69,7 @@ class ModelSpec:
     model: Callable[[Any], nn.Module]
     inputs: Callable[[Any], Inputs]
     defaults: dict[str, Any] = dataclasses.field(default_factory=dict)
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy  # (predictions, targets)
 
     def make_config(self, name: str, overrides: dict[str, Any]) -> Any:
         """The config with ``defaults`` then ``overrides`` applied; ValueError on unknown fields."""
@@ -74,12 +81,12 @@ class ModelSpec:
 
 
 MODELS: dict[str, ModelSpec] = {
-    "gpt": ModelSpec(GPTConfig, GPT, _token_inputs),
-    "gpt-softmax": ModelSpec(GPTConfig, GPT, _token_inputs, {"attention": "softmax"}),
-    "llama": ModelSpec(LlamaConfig, Llama, _token_inputs),
+    "gpt": ModelSpec(GPTConfig, GPT, _token_inputs, loss=next_token_loss),
+    "gpt-softmax": ModelSpec(GPTConfig, GPT, _token_inputs, {"attention": "softmax"}, loss=next_token_loss),
+    "llama": ModelSpec(LlamaConfig, Llama, _token_inputs, loss=next_token_loss),
     "convnet": ModelSpec(ConvNetConfig, ConvNet, _image_inputs),
     "vit": ModelSpec(ViTConfig, ViT, _image_inputs),
-    "mlp-dropout": ModelSpec(MLPConfig, DropoutMLP, _regression_inputs),
+    "mlp-dropout": ModelSpec(MLPConfig, DropoutMLP, _regression_inputs, loss=F.mse_loss),
 }
 
 
@@ -115,3 +122,35 @@ def build(
     model = spec.model(cfg).to(device=device, dtype=dtype)
     inputs = tuple(_to(t, device, dtype) for t in spec.inputs(cfg))
     return model, inputs
+
+
+class Predictor(nn.Module):
+    """A zoo model that returns its predictions (``model.predict``): the loss is the caller's."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model.predict(x)
+
+
+@dataclass
+class LossOutside:
+    """A zoo model whose loss is computed outside it: ``loss(model(*inputs), targets)``."""
+
+    model: nn.Module
+    inputs: Inputs
+    targets: torch.Tensor
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+    def step(self, run: Callable[..., torch.Tensor]) -> None:
+        """One training step through ``run`` (the model, or what compiled it): forward, loss, backward."""
+        self.loss(run(*self.inputs), self.targets).backward()
+
+
+def build_loss_outside(name: str, **options: Any) -> LossOutside:
+    """Model ``name`` returning its predictions (logits, or a regression's outputs), its inputs, its
+    targets and its loss function; ``options`` as :func:`build`'s."""
+    model, (*inputs, targets) = build(name, **options)
+    return LossOutside(Predictor(model), tuple(inputs), targets, MODELS[name].loss)

@@ -128,3 +128,26 @@ def test_cuda_eager_window_is_read_without_resetting_the_peak(monkeypatch: pytes
     model(*inputs).backward()
     (report,) = remat.reports()[before:]
     assert report.eager_bytes > 0
+
+
+def test_cuda_a_loss_outside_the_model_fits_on_the_first_step_and_after() -> None:
+    """The step budget on CUDA: the eager window read from the allocator's statistics (never reset), the
+    loss outside the model counted from the second step; both steps within the budget as the caller's
+    own ``max_memory_allocated`` reads them."""
+    from remat.zoo import build_loss_outside
+
+    run = build_loss_outside("gpt", device="cuda", **{**SIZE, "layers": 2})
+    budget = remat.plan(run.model, *run.inputs).budget_at(0.3)
+    torch._dynamo.reset()
+    compiled = remat.compile(run.model, budget_gb=budget / 2**30)
+    state = sum(t.numel() * t.element_size() for t in [*run.model.parameters(), *run.inputs])
+    for _ in range(2):
+        run.model.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()  # (the caller's own reading: remat never resets it)
+        run.step(compiled)
+        torch.cuda.synchronize()
+        assert torch.cuda.max_memory_allocated() - before + state <= budget
+    (report,) = remat.reports(compiled)
+    assert report.budget_scope == "step" and report.eager_bytes > 0 and not report.eager_reserved

@@ -15,7 +15,7 @@ import torch
 
 import remat
 from remat.passes import eager_parts, rank_scope
-from remat.passes.eager_parts import UNKNOWN, EagerWatch, peak_between_marks
+from remat.passes.eager_parts import UNKNOWN, EagerParts, EagerWatch, peak_between_marks
 from remat.solvers.errors import BudgetError
 from remat.zoo import build
 
@@ -37,8 +37,9 @@ def test_the_window_runs_from_the_last_open_before_the_end_and_counts_above_what
 def one_window(window: eager_parts.EagerWindow) -> torch.Tensor:
     """A graph's output, a head and loss on it (its window), and their backward, as a step runs them."""
     x = torch.ones(64, 64, requires_grad=True)
+    window.arm(x.device)
     out = x * 1  # the graph's output
-    window.open(out.device)
+    window.open(out.device, out.numel() * out.element_size())
     out.register_hook(lambda grad: window.end())
     head = out @ torch.ones(64, 4096)  # 1 MiB of logits
     head.logsumexp(dim=1).sum().backward()
@@ -75,16 +76,17 @@ class StandInPlan:
     notes: list[str] = field(default_factory=list)
     handoff_bytes = None
     solution = type("S", (), {"saved": frozenset()})()
+    scope = rank_scope.RankScope("FSDP2")
 
     @property
     def request(self) -> Any:
         return type("R", (), {"budget_bytes": self.budget})()
 
 
-def watch_one_step(plan: StandInPlan, eager: int, replan: Any) -> tuple[EagerWatch, list[int]]:
+def watch_one_step(plan: StandInPlan, eager: int, replan: Any) -> tuple[EagerWatch, list[EagerParts]]:
     """A watch over an identity 'graph': one step whose head allocates ``eager`` bytes (the
     window's reading is stood in), then the next call."""
-    recounted: list[int] = []
+    recounted: list[EagerParts] = []
     watch = EagerWatch(lambda x: (x * 1,), plan, replan, recounted.append)
     x = torch.ones(3, requires_grad=True)
     (out,) = watch(x)
@@ -99,15 +101,15 @@ def watch_one_step(plan: StandInPlan, eager: int, replan: Any) -> tuple[EagerWat
 def test_a_plan_that_still_fits_with_the_eager_bytes_is_recounted_not_replanned() -> None:
     plan = StandInPlan(compiled_peak_bytes=600, target=1000, budget=1000)
     watch, recounted = watch_one_step(plan, 300, replan=lambda eager: pytest.fail("planned again"))
-    assert recounted == [300] and watch.state is eager_parts.State.DONE
+    assert recounted == [EagerParts(300, copies=0)] and watch.state is eager_parts.State.DONE  # one call a step
 
 
 def test_a_plan_over_the_budget_with_them_is_replanned_and_its_program_used_from_then_on() -> None:
     plan = StandInPlan(compiled_peak_bytes=800, target=1000, budget=1000)
     asked: list[int] = []
 
-    def replan(eager: int) -> Any:
-        asked.append(eager)
+    def replan(eager: EagerParts) -> Any:
+        asked.append(eager.peak)
         return lambda x: (x * 2,)
 
     watch, recounted = watch_one_step(plan, 300, replan)
@@ -116,7 +118,7 @@ def test_a_plan_over_the_budget_with_them_is_replanned_and_its_program_used_from
 
 
 def test_a_budget_no_plan_fits_with_them_is_refused_naming_the_eager_parts() -> None:
-    def replan(eager: int) -> Any:
+    def replan(eager: EagerParts) -> Any:
         raise BudgetError("budget 1000 B is below the smallest feasible budget 1500 B", budget_bytes=1000,
                           min_feasible_bytes=1500)
 
@@ -154,3 +156,38 @@ def test_one_process_measures_its_eager_head_and_plans_again_with_it(monkeypatch
     assert report.predicted_peak_bytes >= report.eager_bytes and "eager head and loss" in report.summary()
     for p, q in zip(model.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_a_window_reports_what_it_leaves_alive_besides_the_outputs_gradients() -> None:
+    trace = [{"name": OPEN, "ts": 1}, memory(2, 400, 400), memory(3, 100, 500), memory(4, -400, 100),
+             {"name": END, "ts": 5}]
+    assert eager_parts.window_of(trace, OPEN, END) == (500, 100)
+
+
+def test_a_measured_step_scope_counts_the_calls_it_saw_and_remembers_the_largest_window() -> None:
+    scope = rank_scope.RankScope(rank_scope.PROCESS, copies=3, copy_input_bytes=30, input_bytes=10, graph="g",
+                                 eager_bytes=900, eager_reserved=True)
+    counted = eager_parts.with_eager(scope, EagerParts(peak=500, after=40, copies=1, other_state=7))
+    assert (counted.eager_bytes, counted.eager_after_bytes, counted.eager_reserved) == (500, 40, False)
+    assert (counted.copies, counted.copy_input_bytes, counted.other_state_bytes) == (1, 10, 7)
+    assert counted.outside_bytes == 10 + 40 + 7
+    try:
+        eager_parts.remember(counted)
+        eager_parts.remember(eager_parts.with_eager(scope, EagerParts(peak=300, after=60, copies=1)))
+        assert rank_scope.MEASURED_EAGER["g"] == EagerParts(500, 60, 1, 7)
+    finally:
+        rank_scope.MEASURED_EAGER.clear()
+
+
+def test_a_graph_that_fails_to_compile_stops_the_windows_open_before_it() -> None:
+    """A graph break's next graph refused (its compile raises): the graphs before it see no backward, and
+    their windows' profiler must not outlive the step."""
+    plan = StandInPlan(compiled_peak_bytes=600, target=1000, budget=1000)
+    plan.scope = rank_scope.RankScope(rank_scope.PROCESS)
+    plan.problem = type("P", (), {"values": ()})()
+    watch = EagerWatch(lambda x: (x * 1,), plan, lambda eager: pytest.fail("planned"), lambda eager: None)
+    (out,) = watch(torch.ones(3, requires_grad=True))
+    assert remat.passes.torch_adapter.OwnSession._running is not None
+    eager_parts.abandon_open_windows()
+    assert remat.passes.torch_adapter.OwnSession._running is None and not torch._C._autograd._profiler_enabled()
+    assert watch.state is eager_parts.State.MEASURING and out.numel() == 3  # the next step measures

@@ -51,14 +51,15 @@ def test_a_scope_puts_its_bytes_in_the_problem() -> None:
     assert scoped.values == problem.values
 
 
-def test_no_fsdp_or_ddp_around_a_graph_means_no_rank_scope() -> None:
+def test_without_fsdp_or_ddp_the_budget_bounds_the_process_step_unless_graph_is_asked() -> None:
     model, inputs = build("gpt", layers=1)
     gm = torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
-    assert rank_scope.scope_of(gm, [], "auto") is None
-    assert rank_scope.scope_of(gm, [], "rank") is None
+    for asked in ("auto", "step", "rank"):
+        scope = rank_scope.scope_of(gm, [], asked)
+        assert scope is not None and scope.process and (scope.copies, scope.outside_bytes) == (0, 0)
     assert rank_scope.scope_of(gm, [], "graph") is None
     report = remat.plan(model, *inputs, compiler="eager", budget_scope="rank")
-    assert report.budget_scope == "graph" and report.kept_copies == 0
+    assert report.budget_scope == "step" and report.kept_copies == 0 and report.eager_bytes == 0  # loss inside
 
 
 def test_budget_scope_is_checked() -> None:
@@ -78,3 +79,30 @@ def test_unread_state_counts_each_storage_the_graph_does_not_take_once(monkeypat
     assert rank_scope.unread_state_bytes([weight.detach(), bias, model.unused]) == 0  # a view reads its storage
     monkeypatch.setattr(rank_scope.adapter, "modules_being_called", lambda: [])
     assert rank_scope.unread_state_bytes([]) == 0  # a function, not a module
+
+
+def test_the_eager_code_after_a_graph_is_reserved_as_three_times_its_outputs_that_need_a_gradient() -> None:
+    def graph_with_outputs(*values: torch.Tensor) -> torch.fx.GraphModule:
+        graph = torch.fx.Graph()
+        nodes = []
+        for i, value in enumerate(values):
+            node = graph.placeholder(f"x{i}")
+            node.meta["example_value"] = value
+            nodes.append(node)
+        graph.output(tuple(nodes))
+        return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+    logits = torch.empty(4, 8, requires_grad=True)  # 128 bytes
+    assert rank_scope.reserved_eager_bytes(graph_with_outputs(logits, torch.empty(100))) == 3 * 128
+    assert rank_scope.reserved_eager_bytes(graph_with_outputs(torch.empty((), requires_grad=True))) == 0  # a loss
+
+
+def test_graphs_open_beside_a_new_graph_count_their_activations_and_state_it_does_not_hold() -> None:
+    weight, other_weight = torch.nn.Parameter(torch.empty(10)), torch.nn.Parameter(torch.empty(20))
+    handed = torch.empty(5)  # the open graph's output, the new graph's input: the new graph counts it
+    keys = rank_scope.storages_of
+    rank_scope.HELD_BY_OPEN_GRAPHS[1] = (1000 + 20, keys([weight, other_weight]), keys([handed]))
+    try:
+        assert rank_scope.open_graphs_bytes([weight, handed]) == 1000 + 80  # less the 20 handed, plus 80 of state
+    finally:
+        rank_scope.HELD_BY_OPEN_GRAPHS.clear()

@@ -251,6 +251,13 @@ def inductor_channels_last(graph: fx.Graph) -> bool:
     return bool(GraphLowering.decide_layout_opt(holder, is_inference=False))  # type: ignore[arg-type]
 
 
+def graphs_compiled() -> int:
+    """How many graphs dynamo has compiled in this process (any backend)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 def fx_graph_cache_counts() -> dict[str, int]:
     """Inductor's FX graph cache hits and misses in this process so far."""
     from torch._dynamo.utils import counters

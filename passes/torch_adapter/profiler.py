@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import gc
 import json
 import os
@@ -59,34 +60,54 @@ def _prepared(session: Any) -> bool:
 
 class OwnSession:
     """A Kineto session of remat's own recording memory events: :meth:`start` refuses (``ProfilerBusy``)
-    while a profiler of the caller's runs or is prepared; :meth:`stop` returns every trace event, each
-    with its "name", "ts" and "args" (the exported trace: no public API gives the running total of
-    bytes allocated). Stop it on the thread that started it, never inside a backward: autograd restores
-    the thread's profiler state when each of its nodes ends, so a session stopped there comes back
-    enabled and the caller's next profiler is refused (:func:`when_backward_returns`)."""
+    while a profiler of the caller's runs or is prepared; :meth:`stop` ends it, and :attr:`events` then
+    holds every trace event, each with its "name", "ts" and "args" (the exported trace: no public API
+    gives the running total of bytes allocated).
+
+    A session started while another of remat's own runs (a step measured by ``remat.measure`` whose
+    eager window remat measures too) rides on it: one Kineto session, and the rider's :attr:`events`
+    are the outer session's, filled when the outer one stops.
+
+    Stop a session on the thread that started it, never inside a backward: autograd restores the
+    thread's profiler state when each of its nodes ends, so a session stopped there comes back enabled
+    and the caller's next profiler is refused (:func:`when_backward_returns`)."""
+
+    _running: OwnSession | None = None  # the outer session of remat's own, while one runs
 
     def __init__(self) -> None:
         self._session: Any = None
+        self._riders: list[OwnSession] = []
+        self.events: list[dict[str, Any]] | None = None
 
     def start(self) -> None:
         from torch.profiler import ProfilerActivity, profile
 
+        outer = OwnSession._running
+        if outer is not None and not torch._C._autograd._profiler_enabled():
+            outer = OwnSession._running = None  # (one its owner dropped unstopped: no profiler runs)
+        if outer is not None:
+            outer._riders.append(self)
+            return
         if caller_is_profiling():
             raise ProfilerBusy("remat measures memory with torch's profiler, and one is already running in this "
                                "process: measure outside your profiler's session")
         self._session = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
         with _quiet_stderr():
             self._session.start()
+        OwnSession._running = self
 
-    @property
-    def running(self) -> bool:
-        return self._session is not None
-
-    def stop(self) -> list[dict[str, Any]]:
+    def stop(self) -> None:
+        """End the session (a rider: nothing to end; its events come with the outer session's)."""
         session, self._session = self._session, None
+        if session is None:
+            return
+        OwnSession._running = None
         with _quiet_stderr():
             session.stop()
-        return _trace_events(session)
+        self.events = _trace_events(session)
+        for rider in self._riders:
+            rider.events = self.events
+        self._riders = []
 
 
 def own_memory_events(step: Callable[[], Any]) -> list[dict[str, Any]]:
@@ -97,34 +118,45 @@ def own_memory_events(step: Callable[[], Any]) -> list[dict[str, Any]]:
     try:
         step()
     finally:
-        events = session.stop()
-    return [e["args"] for e in events if e.get("name") == "[memory]"]
+        session.stop()
+    return [e["args"] for e in session.events or [] if e.get("name") == "[memory]"]
 
 
 def when_backward_returns(then: Callable[[], None]) -> bool:
     """From inside a backward (a gradient hook on the thread that called it), call ``then`` as soon as
     that backward returns, before the caller's next line runs: a profile function of this thread's
     (``sys.setprofile``) waits for the return of torch's backward entry point, then removes itself.
-    False, calling nothing, where no such frame is on this thread's stack or the thread already has a
-    profile function (a Python profiler of the caller's: remat does not displace it)."""
+    False, calling nothing, where no such frame is on this thread's stack or the thread has a profile
+    function of someone else's (a Python profiler of the caller's: remat does not displace it)."""
     import sys
 
-    if sys.getprofile() is not None:
-        return False
     frame = sys._getframe(1)
     while frame is not None and frame.f_code.co_name != "_engine_run_backward":
         frame = frame.f_back
-    if frame is None:
+    waiting = sys.getprofile()
+    if isinstance(waiting, _AfterBackward) and waiting.engine is frame:
+        waiting.then.append(then)
+        return True
+    if frame is None or waiting is not None:
         return False
-    engine = frame
-
-    def returned(frame: Any, event: str, arg: Any) -> None:
-        if event == "return" and frame is engine:
-            sys.setprofile(None)
-            then()
-
-    sys.setprofile(returned)
+    sys.setprofile(_AfterBackward(frame, [then]))
     return True
+
+
+@dataclasses.dataclass
+class _AfterBackward:
+    """A profile function that calls ``then`` when the ``engine`` frame returns, and removes itself."""
+
+    engine: Any
+    then: list[Callable[[], None]]
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> None:
+        import sys
+
+        if event == "return" and frame is self.engine:
+            sys.setprofile(None)
+            for then in self.then:
+                then()
 
 
 def _trace_events(session: Any) -> list[dict[str, Any]]:
