@@ -1,25 +1,66 @@
-"""Options shared by ``remat.compile``, ``remat.plan`` and the ``remat`` backend."""
+"""Options shared by ``remat.compile``, ``remat.plan``, ``remat.sweep``, the ``remat`` backend and the
+``remat`` command: each field declares its command-line flag too (:class:`Flag`), so the one list
+below is what every entry point takes."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from remat import solvers
-from remat.passes.cost_table import cost_dir
-from remat.passes.plan_cache import cache_dir
-from remat.passes.policies import Policy, policy_named, with_regions
-from remat.passes.request import PlanRequest
 from remat.solvers.plan import Request
 
 from .budget import budget_bytes
+
+if TYPE_CHECKING:  # the passes import torch: this module does not, so that ``remat --help`` is quick
+    from remat.passes.policies import Policy
+    from remat.passes.request import PlanRequest
 
 COMPILERS = ("inductor", "eager")
 PROFILES = ("measure", "analytic")
 CHECKPOINT_REGIONS = ("recompute", "plan")
 BUDGET_SCOPES = ("auto", "step", "rank", "graph")
+
+
+def plan_cache_value(text: str) -> bool | str:
+    """A ``--plan-cache`` argument: ``on``, ``off`` or a folder.
+
+    >>> plan_cache_value("off"), plan_cache_value("on"), plan_cache_value("plans/")
+    (False, True, 'plans/')
+    """
+    return {"on": True, "off": False}.get(text, text)
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How an option is written on a command line: ``remat plan --budget-gb 4``."""
+
+    help: str
+    metavar: str | None = None
+    parse: Callable[[str], Any] | None = None  # text -> value; None keeps the text
+    choices: tuple[str, ...] = ()
+
+    def arguments(self, default: object) -> dict[str, Any]:
+        """``add_argument``'s keywords for this flag, its help ending with ``default``."""
+        shown = ("on" if default else "off") if isinstance(default, bool) else default
+        text = self.help if default is None else f"{self.help} (default: {shown})"
+        keywords: dict[str, Any] = {"help": text.replace("%", "%%")}  # argparse formats help with %
+        if self.choices:
+            keywords["choices"] = self.choices
+        else:
+            keywords["metavar"] = self.metavar
+        if self.parse is not None:
+            keywords["type"] = self.parse
+        return keywords
+
+
+def option(default: Any, flag: Flag) -> Any:
+    """A field of :class:`Options` with its default and its command-line flag."""
+    return field(default=default, metadata={"flag": flag})
 
 
 @dataclass(frozen=True)
@@ -64,16 +105,26 @@ class Options:
       forward+backward only (see the README, What the budget means).
     """
 
-    budget_gb: float | None = None
-    solver: str = "ilp"
-    time_limit_s: float = 30.0
-    profile: str = "measure"
-    compiler: str = "inductor"
-    headroom: float | None = None
-    plan_cache: bool | str | os.PathLike[str] = True
-    policy: Policy | str | None = None
-    checkpoint_regions: str = "recompute"
-    budget_scope: str = "auto"
+    budget_gb: float | None = option(None, Flag("peak GiB of a training step; omit for no limit", "GIB", float))
+    solver: str = option("ilp", Flag("a solver from remat.solvers.names()", "NAME"))
+    time_limit_s: float = option(30.0, Flag("per solve; the best plan found by then is used", "SECONDS", float))
+    profile: str = option("measure", Flag("time every op on its device, or estimate from FLOPs and bytes",
+                                          choices=PROFILES))
+    compiler: str = option("inductor", Flag("eager runs the partitioned graphs op by op, for debugging",
+                                            choices=COMPILERS))
+    headroom: float | None = option(None, Flag("a fraction of the budget to hold back; omit for none", "FRACTION",
+                                               float))
+    plan_cache: bool | str | os.PathLike[str] = option(True, Flag("keep plans on disk, in the default folder (on) "
+                                                                  "or in DIR, or not (off)", "on|off|DIR",
+                                                                  plan_cache_value))
+    policy: Policy | str | None = option(None, Flag("pin decisions by a built-in policy (remat.policies), "
+                                                    "e.g. save-matmuls", "NAME"))
+    checkpoint_regions: str = option("recompute", Flag("regions wrapped in torch.utils.checkpoint: recompute "
+                                                       "them as asked, or let remat plan them",
+                                                       choices=CHECKPOINT_REGIONS))
+    budget_scope: str = option("auto", Flag("what the budget bounds: the training step as it runs, per rank "
+                                            "under FSDP2 or DDP (auto, step, rank), or each graph's own step",
+                                            choices=BUDGET_SCOPES))
 
     def __post_init__(self) -> None:
         if self.headroom is not None and not (isinstance(self.headroom, (int, float)) and 0 <= self.headroom < 1):
@@ -92,7 +143,10 @@ class Options:
         if not isinstance(self.plan_cache, (bool, str, os.PathLike)):
             raise ValueError(f"plan_cache must be True, False or a folder path, not {self.plan_cache!r}")
         solvers.get(self.solver)  # an unknown or uninstalled solver is named now, not at the first call
-        policy_named(self.policy)  # validates
+        if self.policy is not None:
+            from remat.passes.policies import policy_named
+
+            policy_named(self.policy)  # validates
 
     @property
     def budget_bytes(self) -> int | None:
@@ -114,6 +168,11 @@ class Options:
 
     def request(self) -> PlanRequest:
         """The plain request the passes plan from."""
+        from remat.passes.cost_table import cost_dir
+        from remat.passes.plan_cache import cache_dir
+        from remat.passes.policies import policy_named, with_regions
+        from remat.passes.request import PlanRequest
+
         solve = Request(self.budget_bytes, self.headroom, self.solver, self.time_limit_s)
         plans = cache_dir(self.plan_cache)
         policy = with_regions(policy_named(self.policy), self.checkpoint_regions)
@@ -128,3 +187,31 @@ class Options:
         if unknown:
             raise ValueError(f"unknown remat option(s) {unknown}; known options: {sorted(known)}")
         return cls(**options)  # type: ignore[arg-type]
+
+
+def flag_of(name: str) -> str:
+    """``budget_gb`` -> ``--budget-gb``."""
+    return "--" + name.replace("_", "-")
+
+
+DEST = "option_"  # where add_flags puts each option in the parsed namespace
+
+
+def add_flags(parser: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -> None:
+    """A flag on ``parser`` for each option but ``skip``, defaulting to the option's default.
+
+    >>> parser = argparse.ArgumentParser()
+    >>> add_flags(parser, skip=("policy",))
+    >>> options = given(parser.parse_args(["--budget-gb", "0.5", "--plan-cache", "off"]))
+    >>> options["budget_gb"], options["plan_cache"], options["solver"], "policy" in options
+    (0.5, False, 'ilp', False)
+    """
+    for spec in dataclasses.fields(Options):
+        if spec.name not in skip:
+            parser.add_argument(flag_of(spec.name), dest=DEST + spec.name, default=spec.default,
+                                **spec.metadata["flag"].arguments(spec.default))
+
+
+def given(args: argparse.Namespace) -> dict[str, Any]:
+    """The options of a namespace ``add_flags`` parsed (each flag's value or its default), by name."""
+    return {key[len(DEST):]: value for key, value in vars(args).items() if key.startswith(DEST)}
