@@ -6,7 +6,11 @@
     remat sweep gpt --points 6 --out sweep/                 # sweep.json, sweep.md, sweep.png
     remat demo --device cpu
 
-Errors are one line on stderr and exit with status 2.
+Every subcommand takes remat's options as flags declared once, with the options
+(``remat.options.Options``); ``--json`` prints data instead of text. Errors are one
+line on stderr, in the command's terms (``--budget-gb``, not ``budget_gb=``), and
+exit with status 2. torch is imported only by the subcommand that runs, so
+``remat --help`` is quick.
 """
 
 from __future__ import annotations
@@ -17,8 +21,15 @@ import logging
 import os
 import re
 import sys
+import time
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from .options import add_flags, flag_of, given
+
+if TYPE_CHECKING:
+    from .frontier import Frontier
+    from .report import Report
 
 MODULE_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 BUILT_IN = "gpt, gpt-softmax, llama, convnet, vit or mlp-dropout"
@@ -56,7 +67,11 @@ def parse_overrides(pairs: list[str]) -> dict[str, int | float | str]:
 
 
 def budget_list(text: str) -> list[float]:
-    """``"0.5,1,2"`` -> ``[0.5, 1.0, 2.0]`` (GiB)."""
+    """``"0.5,1,2"`` -> ``[0.5, 1.0, 2.0]`` (GiB).
+
+    >>> budget_list("0.5,1,2")
+    [0.5, 1.0, 2.0]
+    """
     try:
         values = [float(part) for part in text.split(",") if part.strip()]
     except ValueError:
@@ -120,10 +135,24 @@ def cmd_plan(args: argparse.Namespace) -> None:
     import remat
 
     model, inputs = load_model(args)
-    report = remat.plan(model, *inputs, **option_values(args))
+    show(remat.plan(model, *inputs, **given(args)), args)
+
+
+PLAN_TIMINGS = "where the compile time went: capture, profile, solve, inductor"
+
+
+def output_arguments(command: argparse.ArgumentParser, *, what: str = "report", timings: str = PLAN_TIMINGS) -> None:
+    """``--json`` and ``--timings``, as every subcommand takes them (under ``--json`` the
+    timings go to stderr, so that stdout is the JSON alone)."""
+    command.add_argument("--json", action="store_true", help=f"the whole {what} as JSON")
+    command.add_argument("--timings", action="store_true", help=timings)
+
+
+def show(report: Report, args: argparse.Namespace) -> None:
+    """``report`` as ``--json`` and ``--timings`` ask."""
     print(report.to_json(indent=2) if args.json else report.summary())
-    if args.timings and not args.json:
-        print(timings_table(report.timings))
+    if args.timings:
+        print(timings_table(report.timings), file=sys.stderr if args.json else sys.stdout)
 
 
 def timings_table(timings: dict[str, float]) -> str:
@@ -143,12 +172,33 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     import remat
 
     model, inputs = load_model(args)
+    t0 = time.perf_counter()
     frontier = remat.sweep(model, *inputs, budgets=args.budgets_gb, points=args.points, measure=args.measure,
-                           **option_values(args))
-    print(frontier.to_markdown())
-    if args.out is None:
-        return
-    out = Path(args.out)
+                           **given(args))
+    seconds = time.perf_counter() - t0
+    print(frontier.to_json(indent=2) if args.json else frontier.to_markdown())
+    notes = sys.stderr if args.json else sys.stdout  # under --json, stdout has the frontier alone
+    if args.timings:
+        print(timings_table(sweep_timings(frontier.rows, seconds)), file=notes)
+    if args.out is not None:
+        print(f"wrote {', '.join(write_sweep(frontier, Path(args.out)))}", file=notes)
+
+
+SWEEP_TIMINGS = "seconds solving (every budget) and in the rest: capture, profile, --measure's steps"
+
+
+def sweep_timings(rows: list[dict[str, Any]], seconds: float) -> dict[str, float]:
+    """A sweep's ``seconds`` split into its budgets' solves (the rows' ``solve_seconds``) and the rest.
+
+    >>> sweep_timings([{"solve_seconds": 0.5}, {"feasible": False}, {"solve_seconds": 0.25}], 2.0)
+    {'solve': 0.75, 'other': 1.25}
+    """
+    solving = sum(row.get("solve_seconds") or 0.0 for row in rows)
+    return {"solve": solving, "other": max(0.0, seconds - solving)}
+
+
+def write_sweep(frontier: Frontier, out: Path) -> list[str]:
+    """sweep.json, sweep.md and (with matplotlib) sweep.png in ``out``: the paths written."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(frontier.to_json(indent=2) + "\n")
     (out / "sweep.md").write_text(frontier.to_markdown())
@@ -158,91 +208,79 @@ def cmd_sweep(args: argparse.Namespace) -> None:
         written.append("sweep.png")
     except ImportError as exc:
         print(f"remat: no sweep.png: {exc}", file=sys.stderr)
-    print(f"wrote {', '.join(str(out / name) for name in written)}")
+    return [str(out / name) for name in written]
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from .demo import main as demo
+    from .demo import run
 
-    argv = ["--device", args.device] if args.device else []
-    argv += ["--layers", str(args.layers)] if args.layers else []
-    demo(argv + ["--compiler", args.compiler])
+    run(args)
 
 
 def model_arguments(command: argparse.ArgumentParser) -> None:
     command.add_argument("model", nargs="?", help=f"a built-in model (remat.zoo): {BUILT_IN}")
     command.add_argument("--module", metavar="PKG.MOD:FACTORY",
                          help="your own model: FACTORY() returns (model, inputs); found from the current folder")
-    command.add_argument("--layers", type=int, help="depth of a built-in model")
+    command.add_argument("--layers", type=int, metavar="N", help="depth of a built-in model")
     command.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                          help="any config field of a built-in model")
     command.add_argument("--device", default="cpu", help="device of a built-in model (default: cpu)")
 
 
-# The options are remat.Options' fields (one definition); here only how each is typed on a command line.
-OPTION_FLAGS: dict[str, dict[str, Any]] = {
-    "budget_gb": {"type": float, "metavar": "GIB", "help": "omit for no limit"},
-    "solver": {"metavar": "NAME", "help": "a solver name (remat.solvers.names()); default ilp"},
-    "time_limit_s": {"type": float, "metavar": "S", "help": "per solve; default 30"},
-    "profile": {"choices": ["measure", "analytic"]},
-    "compiler": {"choices": ["inductor", "eager"]},
-    "headroom": {"type": float, "metavar": "FRACTION", "help": "of the budget, held back; default none"},
-    "plan_cache": {"type": lambda text: {"on": True, "off": False}.get(text, text), "metavar": "on|off|DIR",
-                   "help": "default on"},
-    "policy": {"metavar": "NAME", "help": "pin decisions by a built-in policy (remat.policies), e.g. save-matmuls"},
-    "checkpoint_regions": {"choices": ["recompute", "plan"],
-                           "help": "regions wrapped in torch.utils.checkpoint: recompute as asked (default), "
-                                   "or let remat plan them"},
-    "budget_scope": {"choices": ["auto", "step", "rank", "graph"],
-                     "help": "the budget bounds the training step as it runs, per rank under FSDP2 or DDP "
-                             "(auto, the default; step and rank say the same), or each graph's own step (graph)"},
-}
-
-
-def option_arguments(command: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -> None:
-    """A flag for each of remat.Options' fields, defaulting to the field's default."""
-    from .options import Options
-
-    defaults = Options().kwargs()
-    for name in Options.names():
-        if name not in skip:
-            command.add_argument("--" + name.replace("_", "-"), dest=f"option_{name}", default=defaults[name],
-                                 **OPTION_FLAGS[name])
-
-
-def option_values(args: argparse.Namespace) -> dict[str, Any]:
-    """The options given on the command line (each flag's value or its default), by name."""
-    prefix = "option_"
-    return {key[len(prefix):]: value for key, value in vars(args).items() if key.startswith(prefix)}
+# What remat.sweep takes of the options: no single budget, no plan cache (it solves each budget once).
+SWEEP_SKIPS = ("budget_gb", "plan_cache")
 
 
 def parser() -> argparse.ArgumentParser:
+    from . import demo
+
     top = Parser(prog="remat", description="Fit a training step in a memory budget.")
     top.add_argument("-v", "--verbose", action="count", default=0, help="log what remat does (-vv: debug)")
     top.add_argument("--traceback", action="store_true", help="show the traceback of an error")
     sub = top.add_subparsers(dest="command", required=True, parser_class=Parser)
     plan = sub.add_parser("plan", help="plan a model under a budget and print the report")
     model_arguments(plan)
-    option_arguments(plan)
-    plan.add_argument("--json", action="store_true", help="the whole report as JSON")
-    plan.add_argument("--timings", action="store_true",
-                      help="where the compile time went: capture, profile, solve, inductor (per graph)")
+    output_arguments(plan)
+    add_flags(plan)
     plan.set_defaults(run=cmd_plan)
     sweep = sub.add_parser("sweep", help="plan a model at several budgets; print and write the frontier")
     model_arguments(sweep)
-    option_arguments(sweep, skip=("budget_gb", "plan_cache"))
-    sweep.add_argument("--points", type=int, default=6,
+    sweep.add_argument("--points", type=int, default=6, metavar="N",
                        help="budgets from the smallest feasible to store-all (default: 6)")
-    sweep.add_argument("--budgets-gb", type=budget_list, metavar="GB,GB,...", help="these budgets instead")
+    sweep.add_argument("--budgets-gb", type=budget_list, metavar="GIB,GIB,...", help="these budgets instead")
     sweep.add_argument("--measure", action="store_true", help="also compile and run a step at each budget")
     sweep.add_argument("--out", metavar="DIR", help="write sweep.json, sweep.md and sweep.png here")
-    sweep.set_defaults(run=cmd_sweep)
-    demo = sub.add_parser("demo", help="plan and compile a GPT-style model under a budget")
-    demo.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    demo.add_argument("--layers", type=int, help="override the model's depth")
-    demo.add_argument("--compiler", default="inductor", choices=["inductor", "eager"])
-    demo.set_defaults(run=cmd_demo)
+    output_arguments(sweep, what="frontier", timings=SWEEP_TIMINGS)
+    add_flags(sweep, skip=SWEEP_SKIPS)
+    sweep.set_defaults(run=cmd_sweep, renamed={"budget_gb": "--budgets-gb"})
+    demo_command = sub.add_parser("demo", help="plan and compile a GPT-style model under a budget")
+    demo.arguments(demo_command)
+    demo_command.set_defaults(run=cmd_demo)
     return top
+
+
+def in_cli_terms(message: str, flags: dict[str, str]) -> str:
+    """An API error's ``message`` with each option named as the flag that sets it (``flags``:
+    option name -> flag). The API's own message stays as it is for API users.
+
+    >>> flags = {"budget_gb": "--budget-gb", "time_limit_s": "--time-limit-s", "headroom": "--headroom"}
+    >>> in_cli_terms("Raise budget_gb to at least 0.0123, or shrink the batch.", flags)
+    'Rerun with --budget-gb 0.0123 or more, or shrink the batch.'
+    >>> in_cli_terms("a longer time_limit_s may help; or budget_gb=None; pass headroom= to plan", flags)
+    'a longer --time-limit-s may help; or omit --budget-gb; pass --headroom to plan'
+    >>> in_cli_terms("headroom must be a fraction in [0, 1), not 2.0 (for example budget_gb=20)", flags)
+    '--headroom must be a fraction in [0, 1), not 2.0 (for example --budget-gb 20)'
+    """
+    for name, flag in flags.items():
+        message = re.sub(rf"\b([Rr])aise {name} to at least (\S+?)([,.;]?(\s|$))",
+                         rf"\1erun with {flag} \2 or more\3", message)
+        message = re.sub(rf"\b{name}=None\b", f"omit {flag}", message)
+        message = re.sub(rf"\b{name}=['\"]?([^\s,;)'\"]+)['\"]?", rf"{flag} \1", message)
+        message = re.sub(rf"\b{name}=", flag, message)
+        # a bare name: one with an underscore is no English word; any name as the subject of "must be"
+        bare = rf"\b{name}\b" if "_" in name else rf"\b{name}(?= must be)"
+        message = re.sub(rf"(?<![.\w'\"-]){bare}", flag, message)
+    return message
 
 
 def one_line(exc: BaseException) -> str:
@@ -264,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     except (BudgetError, PlanError, SolverUnavailable, ValueError, TypeError, ImportError, OSError) as exc:
         if args.traceback:
             raise
-        print(f"remat: {one_line(exc)}", file=sys.stderr)
+        flags = {name: flag_of(name) for name in given(args)} | getattr(args, "renamed", {})
+        print(f"remat: {in_cli_terms(one_line(exc), flags)}", file=sys.stderr)
         return 2
     except Exception as exc:
         if args.traceback:
