@@ -29,6 +29,7 @@ from . import plan_cache, ranks
 from .rank_scope import RankScope
 from . import torch_adapter as adapter
 from .memory import realized_peak, recomputed_in
+from .names import NodeName, input_names, node_names
 from .policies import in_checkpoint_region
 from .problem import build_problem, unfolded_adds
 from .profile import SHARED_TIMINGS, profile_graph
@@ -87,6 +88,8 @@ class GraphPlan:
     rank: int = 0  # under torch.distributed: this process's rank, and how many ranks agreed on the plan
     world_size: int = 1
     node_order: list[str] = field(default_factory=list)  # the joint graph's node names, in order
+    # the user's names for its nodes, by node name: module, parameter, source line (passes/names.py)
+    names: dict[str, NodeName] = field(default_factory=dict)
     scope: RankScope | None = None  # what the rank holds outside the graph, under a per-rank budget
     realized_peak_bytes: int | None = None
     figures: dict[str, object] = field(default_factory=dict)
@@ -178,7 +181,8 @@ def plan_at(base: GraphPlan, budget_bytes: int | None) -> GraphPlan | BudgetErro
     except BudgetError as exc:
         return exc
     plan = GraphPlan(base.problem, solution, store_all, request, request.solve.target, base.forward_names,
-                     base.random_names, base.lowest, deferred=[d for d in base.deferred if d[0] == MIN_CUT])
+                     base.random_names, base.lowest, deferred=[d for d in base.deferred if d[0] == MIN_CUT],
+                     names=base.names)
     defer_min_feasible(plan)
     return plan
 
@@ -233,6 +237,8 @@ class Planner:
         self.unread_state = 0
         # set by the backend (or the fitting loop) when the joint graph's capture begins
         self.capture_started: float | None = None
+        # set by the backend for each graph: its inputs by the user's names (passes/names.py, input_names)
+        self.input_names: dict = {}
         self.chosen_at = 0.0  # when the last saved set was handed to torch
         # one cache per process: planning and compiling the same model then
         # see the same costs (CPU workspace, in particular, varies run to run)
@@ -242,6 +248,11 @@ class Planner:
         self.lowest_by_problem: dict[Problem, Lowest] = {}
         folder = request.plan_cache
         self.disk = plan_cache.PlanCache(folder) if folder is not None else None
+
+    @staticmethod
+    def names_of_inputs(gm: fx.GraphModule) -> dict:
+        """The captured graph's inputs by the user's names, for ``input_names`` (passes/names.py)."""
+        return input_names(gm)
 
     def choose(self, joint_graph: fx.Graph, node_info: adapter.NodeInfo) -> list[fx.Node]:
         if self.expect_program:
@@ -261,6 +272,7 @@ class Planner:
             if self.faster_than is not None and plan.solution.added_seconds >= self.faster_than:
                 raise NotFaster
         plan.node_order = [n.name for n in joint_graph.nodes]
+        plan.names = node_names(joint_graph, self.input_names)  # read from this graph: a cached plan's may differ
         if self.request.compiler == "inductor":  # the adds whose matmul Inductor must not fold (passes/problem.py)
             plan.unfolded = unfolded_adds(joint_graph, node_info)
         plan.scope = self.scope

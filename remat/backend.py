@@ -110,6 +110,7 @@ class RematBackend:
         """Plan and compile one captured graph; ``given``: with the plan the planner was handed;
         ``programs``: load and publish whole programs (``passes/program_cache.py``)."""
         self.planner.capture_started = time.perf_counter()
+        self.planner.input_names = self.planner.names_of_inputs(gm)  # the report's parameter names
         planned = len(self.planner.plans)
         with adapter.saved_values_chooser(self.planner.choose):
             if self.options.compiler == "eager":

@@ -21,6 +21,13 @@ computing
 42
 >>> f.costly, f.pending
 (42, [])
+
+Rendering never computes: :meth:`Deferring.peek` reads a field only if it is known.
+
+>>> g = Figures(1)
+>>> g.defer(lambda: print("computing") or {"costly": 42}, "costly")
+>>> g.peek("costly"), g.peek("cheap"), g.pending
+(None, 1, ['costly'])
 """
 
 from __future__ import annotations
@@ -86,6 +93,13 @@ class Deferring:
         new = copy.copy(self)  # its own __dict__, sharing the values
         new.__dict__["_pending"] = dict(self.__dict__.get("_pending", {}))
         return new
+
+    def peek(self, name: str, default: Any = None) -> Any:
+        """Field ``name`` as known now, or ``default`` while it is pending: computes nothing
+        (what a summary or a card reads, so that rendering never solves or compiles)."""
+        if name in self.__dict__.get("_pending", {}):
+            return default
+        return getattr(self, name)
 
     @property
     def pending(self) -> list[str]:

@@ -11,16 +11,18 @@ import importlib
 import io
 import sys
 from collections import defaultdict
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from .errors import format_bytes
-from .report import RULE_LABELS, NodeRow, Report
+from .report import RULE_LABELS, NodeRow, Report, gap_text
 
 if TYPE_CHECKING:
     from .frontier import Frontier
 
-COLUMNS = [f.name for f in fields(NodeRow)]
+# to_pandas's columns: every NodeRow field, the user's names first
+COLUMNS = ["name", "module", "label", "input_name", "op", "category", "decision", "reason", "bytes",
+           "workspace", "flops", "seconds", "added_seconds", "source"]
 TOP_HOLDERS = 8
 
 
@@ -63,12 +65,223 @@ def scale(values: list[int]) -> tuple[float, str]:
     return (2**30, "GiB") if top >= 2**30 else (2**20, "MiB") if top >= 2**20 else (2**10, "KiB")
 
 
-# --- Report ----------------------------------------------------------------------
+# --- Report: words ------------------------------------------------------------------
+# The summary and the card say the same rows in the same words (``summary_rows``); each
+# table gives every figure in one unit, that of its largest.
+
+TOP_MODULES = 5
+TOP_LABELS = 4
+NOT_COMPUTED = "not computed (read report.{field} to compute it{cost})"
+TOP_LEVEL = "(no submodule recorded)"  # the model's own code, or a value with no name
+
+
+@dataclass(frozen=True)
+class Unit:
+    """Bytes in one unit for one table."""
+
+    div: float
+    name: str
+
+    @staticmethod
+    def of(values: list[int | None]) -> Unit:
+        div, name = scale([abs(v) for v in values if v is not None])
+        return Unit(div, name)
+
+    def __call__(self, nbytes: float | None) -> str:
+        return "none" if nbytes is None else f"{nbytes / self.div:.3f} {self.name}"  # as format_bytes
+
+
+def table_unit(report: Report) -> Unit:
+    return Unit.of([report.budget_bytes, report.store_all_peak_bytes, report.peak_bytes,
+                    report.predicted_peak_bytes])
+
+
+def share_text(report: Report) -> str:
+    """Added time as a share of the step: "+2.0 % step time", "1.5 % faster than store-all"."""
+    added, step = report.predicted_overhead_seconds, report.step_seconds
+    if not step or abs(added) < 5e-4 * step:
+        return "no added time" if abs(added) < 1e-12 or not step else "under 0.1 % added time"
+    share = f"{abs(added) / step * 100:.1f} %"
+    return f"+{share} step time" if added > 0 else f"{share} faster than store-all"
+
+
+def outcome(report: Report, unit: Unit | None = None) -> str:
+    """The first line: whether the plan fits, its peak (labelled which), store-all, the time it costs."""
+    fb = unit or table_unit(report)
+    peak = f"peak {fb(report.peak_bytes)} ({report.peak_source})"
+    store_all = f"store-all {fb(report.store_all_peak_bytes)}"
+    timing = f"{share_text(report)} (predicted)"
+    if report.budget_bytes is None:
+        return f"no budget: the fastest plan, {peak}, {store_all}"
+    budget = fb(report.budget_bytes)
+    if report.peak_bytes > report.budget_bytes:
+        return f"over budget: {peak} above the {budget} budget by {fb(report.peak_bytes - report.budget_bytes)}"
+    if not any(n.bytes for n in report.nodes if n.decision == "recomputed"):
+        return f"fits without recomputing: {peak} under a {budget} budget ({store_all})"
+    return f"fits: {peak} under a {budget} budget ({store_all}), {timing}"
+
+
+def not_computed(field: str, cost: str = "") -> str:
+    return NOT_COMPUTED.format(field=field, cost=cost)
+
+
+def peak_rows(report: Report, fb: Unit) -> list[tuple[str, str]]:
+    """Every peak known, each once, by where it comes from; the one compared with the budget marked."""
+    compared = " (compared with the budget)"
+    rows = [("predicted peak", f"{fb(report.predicted_peak_bytes)}, remat's estimate before compiling"
+             + (compared if report.peak_source == "predicted" else ""))]
+    if report.compiled_peak_bytes is not None:
+        how = "loaded with its plan" if report.plan_cache == "program" else f"{report.compile_attempts} plan(s) compiled"
+        rows.append(("compiled program peak", f"{fb(report.compiled_peak_bytes)} (Inductor's, {how})"
+                     + (compared if report.peak_source == "compiled program" else "")))
+    if report.measured_peak_bytes is not None:
+        ratio = report.measured_peak_bytes / report.predicted_peak_bytes if report.predicted_peak_bytes else 0.0
+        rows.append(("measured peak", f"{fb(report.measured_peak_bytes)} on a step ({ratio:.2f}x predicted){compared}"))
+    rows.append(("store-all peak", f"{fb(report.store_all_peak_bytes)}: every activation kept, nothing recomputed"))
+    return rows
+
+
+def smallest_feasible(report: Report, fb: Unit) -> str:
+    """The smallest budget remat accepts, as far as it is known: computing it may solve or compile."""
+    low = report.peek("min_feasible_bytes")
+    if low is None:
+        return not_computed("min_feasible_bytes", "; under Inductor that compiles")
+    exact = report.peek("min_feasible_exact")
+    how = ("exact: its plan compiled" if report.compiled_peak_bytes is not None else "exact, op by op") if exact \
+        else "remat's estimate: remat.plan compiles it exactly"
+    return f"{fb(low)} ({how}); a lower budget is refused"
+
+
+def added_time(report: Report) -> str:
+    added = report.predicted_overhead_seconds
+    text = f"{added * 1e3:+.3f} ms per step vs store-all, predicted ({share_text(report)})"
+    if added < 0:
+        text += (": faster than store-all, which writes out values the compiler would otherwise compute "
+                 "inside the kernels that read them; this plan recomputes them there instead")
+    return text
+
+
+def decided(report: Report, fb: Unit) -> str:
+    """How many activations (values holding memory) the plan recomputes and keeps, and their bytes."""
+    recomputed = [n for n in report.nodes if n.decision == "recomputed" and n.bytes]
+    kept = [n for n in report.nodes if n.decision == "kept" and n.bytes]
+    activations = sum(1 for n in report.nodes if n.decision in ("kept", "recomputed", "freed") and n.bytes)
+    views = sum(1 for n in report.nodes if n.decision == "recomputed" and not n.bytes)
+    return (f"{len(recomputed)} of {activations} activations, freeing {fb(sum(n.bytes for n in recomputed))}; "
+            f"keeps {len(kept)}, holding {fb(sum(n.bytes for n in kept))}"
+            + (f" (and {views} views, free to recompute)" if views else ""))
+
+
+def peer_text(report: Report, fb: Unit) -> str:
+    """The other plans scored by remat's estimate, those computed; the others say how to compute them."""
+    parts, missing = [], []
+    peak, added = report.peek("min_cut_peak_bytes"), report.peek("min_cut_overhead_seconds")
+    if "min_cut_peak_bytes" in report.pending:
+        missing.append("report.min_cut_peak_bytes")
+    elif peak is not None:
+        parts.append(f"torch's own partitioner {fb(peak)}, {added * 1e3:+.3f} ms")
+    rules = report.peek("peer_rules")
+    if "peer_rules" in report.pending:
+        missing.append("report.peer_rules")
+    for name, rule in (rules or {}).items():
+        parts.append(f"{RULE_LABELS.get(name, name)} {fb(rule['peak_bytes'])}, {rule['overhead_seconds'] * 1e3:+.3f} ms")
+    if missing:
+        parts.append(f"not computed (read {' and '.join(missing)})")
+    return "; ".join(parts)
+
+
+def scope_rows(report: Report, fb: Unit) -> list[tuple[str, str]]:
+    """What the budget counts outside this graph, under a step or per-rank budget."""
+    if report.budget_scope == "step":
+        eager = "reserved" if report.eager_reserved else "measured"
+        return [("counted outside the graph", f"{fb(report.eager_bytes)} for the code after it ({eager}: a loss "
+                 f"outside the model), {fb(report.resident_bytes + report.other_state_bytes)} of model state it "
+                 f"does not read, {fb(report.graphs_bytes)} held by other graphs")]
+    if report.budget_scope == "rank":
+        return [("counted outside the graph", f"{fb(report.resident_bytes)} resident, {fb(report.comm_bytes)} "
+                 f"communication, {fb(report.copies_kept_bytes)} kept by {report.kept_copies} other copies, "
+                 f"{fb(report.eager_bytes)} eager head and loss")]
+    return []
+
+
+def cache_text(report: Report) -> str:
+    if report.plan_cache == "hit":
+        return "loaded from disk: solve and profile times are those of the stored plan"
+    if report.plan_cache == "program":
+        return "plan and compiled program loaded from disk: solve and profile times are those of the stored plan"
+    return ""
+
+
+def summary_rows(report: Report, fb: Unit) -> list[tuple[str, str]]:
+    """The rows the summary and the card share, in one unit ``fb``; computes nothing."""
+    budget = "none: the fastest plan" if report.budget_bytes is None else fb(report.budget_bytes)
+    if report.headroom and report.planned_budget_bytes is not None and report.budget_bytes is not None:
+        budget += f" (planned to {fb(report.planned_budget_bytes)}: {report.headroom:.0%} held back)"
+    rows = [("budget", budget), *peak_rows(report, fb), ("smallest feasible budget", smallest_feasible(report, fb)),
+            ("added time", added_time(report)), ("recomputes", decided(report, fb))]
+    rows += [("by module", line) for line in module_lines(report, fb)]
+    others = peer_text(report, fb)
+    if others:
+        rows.append(("other plans, estimated", others))
+    rows += scope_rows(report, fb)
+    if report.realized_peak_bytes is not None:
+        rows.append(("partitioned graphs, op by op", fb(report.realized_peak_bytes)))
+    rows.append(("solver", f"{report.solver} ({report.solver_status}, gap {gap_text(report.mip_gap)}) in "
+                           f"{report.solve_seconds:.2f} s; profiled {report.joint_graph_steps} ops in "
+                           f"{report.profile_seconds:.2f} s" + (f" on {report.device}" if report.device else "")))
+    if report.timings:
+        rows.append(("compile time", report.timings_text()))
+    if cache_text(report):
+        rows.append(("plan cache", cache_text(report)))
+    return rows
+
+
+def labels_text(labels: list[str]) -> str:
+    return ", ".join(labels[:TOP_LABELS]) + (", ..." if len(labels) > TOP_LABELS else "")
+
+
+def module_name(module: str) -> str:
+    return module or TOP_LEVEL
+
+
+def module_lines(report: Report, fb: Unit, top: int = TOP_MODULES) -> list[str]:
+    """The modules holding the most activation memory: what each recomputes and keeps."""
+    lines = []
+    for group in report.by_module()[:top]:
+        parts = []
+        if group["recomputed"]:
+            parts.append(f"recomputes {labels_text(group['recomputed'])} ({fb(group['recomputed_bytes'])})")
+        if group["kept"]:
+            parts.append(f"keeps {labels_text(group['kept'])} ({fb(group['kept_bytes'])})")
+        lines.append(f"{module_name(group['module'])}: {'; '.join(parts)}")
+    return lines
+
+
+def report_text(report: Report) -> str:
+    """``Report.summary``: the outcome, then one row a line."""
+    fb = table_unit(report)
+    width = 26
+    lines = [outcome(report, fb)]
+    last = None
+    for label, value in summary_rows(report, fb):
+        lines.append(f"{'' if label == last else label:<{width}}{value}")
+        last = label
+    return "\n".join(lines + [f"note: {n}" for n in report.notes])
+
+
+# --- Report: tables, page, figure --------------------------------------------------
 
 
 def report_frame(report: Report) -> Any:
     pandas = optional("pandas", "Report.to_pandas")
     return pandas.DataFrame([asdict(n) for n in report.nodes], columns=COLUMNS)
+
+
+def module_frame(report: Report) -> Any:
+    pandas = optional("pandas", "Report.to_pandas")
+    columns = ["module", "recomputed", "kept", "recomputed_bytes", "kept_bytes"]
+    return pandas.DataFrame([{**g, "recomputed": ", ".join(g["recomputed"]), "kept": ", ".join(g["kept"])}
+                             for g in report.by_module()], columns=columns)
 
 
 def report_figure(report: Report) -> Any:
@@ -90,7 +303,8 @@ def report_figure(report: Report) -> Any:
                        label=f"budget less {report.headroom:.0%} headroom")
     peak = max(range(len(report.plan_timeline)), key=report.plan_timeline.__getitem__)
     ax.plot([steps[peak]], [report.plan_timeline[peak] / div], "v", color="C0", markersize=9,
-            label=f"predicted peak {format_bytes(report.predicted_peak_bytes)}")
+            label=f"predicted peak {format_bytes(report.predicted_peak_bytes)}"
+            + (f" in {report.peak_module}" if report.peak_module else ""))
     ax.axvline(report.backward_starts_at, color="0.3", linewidth=0.8)
     ax.annotate("forward | backward", (report.backward_starts_at, 0), xytext=(0, 4), textcoords="offset points",
                 ha="center", fontsize=8, color="0.3")
@@ -114,79 +328,56 @@ def table(head: list[str], body: list[list[str]]) -> str:
     return f"<table><thead><tr>{cells}</tr></thead><tbody>{rows}</tbody></table>"
 
 
-def memory_rows(report: Report) -> list[tuple[str, str]]:
-    fb = format_bytes
-    budget = fb(report.budget_bytes) if report.budget_bytes is not None else "none (fastest plan)"
-    if report.headroom and report.planned_budget_bytes is not None:
-        budget += f"; plan fits {fb(report.planned_budget_bytes)} ({report.headroom:.0%} headroom)"
-    out = [("budget", budget), ("predicted peak", fb(report.predicted_peak_bytes)),
-           ("store-all peak", fb(report.store_all_peak_bytes)),
-           ("smallest feasible budget", fb(report.min_feasible_bytes)
-            + ("" if report.min_feasible_exact else " (the model's estimate)"))]
-    if report.compiled_peak_bytes is not None:
-        out.insert(2, ("compiled program's peak (Inductor)", fb(report.compiled_peak_bytes)))
-    if report.min_cut_peak_bytes is not None:
-        out.append(("torch min-cut peak", fb(report.min_cut_peak_bytes)))
-    if report.realized_peak_bytes is not None:
-        out.append(("realized graphs, op by op", fb(report.realized_peak_bytes)))
-    if report.measured_peak_bytes is not None:
-        ratio = report.measured_peak_bytes / report.predicted_peak_bytes if report.predicted_peak_bytes else 0.0
-        out.append(("measured peak", f"{fb(report.measured_peak_bytes)} ({ratio:.2f}x predicted)"))
-    return out
-
-
-def cost_rows(report: Report) -> list[tuple[str, str]]:
-    out = [("added time (predicted)", f"{report.predicted_overhead_seconds * 1e3:+.3f} ms vs keeping everything")]
-    if report.min_cut_overhead_seconds is not None:
-        out.append(("torch min-cut added time", f"{report.min_cut_overhead_seconds * 1e3:+.3f} ms"))
-    for name, rule in (report.peer_rules or {}).items():
-        out.append((f"{RULE_LABELS.get(name, name)} in the model", f"{format_bytes(rule['peak_bytes'])}, "
-                                                                    f"{rule['overhead_seconds'] * 1e3:+.3f} ms"))
-    gap = "n/a" if report.mip_gap is None else f"{report.mip_gap:.2%}"
-    out += [("solver", f"{report.solver}: {report.solver_status}, gap {gap}, {report.solve_seconds:.2f} s"),
-            ("profiling", f"{report.profile_seconds:.2f} s, {report.joint_graph_steps} steps, "
-                          f"{report.candidates} candidates" + (f", on {report.device}" if report.device else ""))]
-    if report.plan_cache == "hit":
-        out.append(("plan cache", "loaded from disk: solve and profile times are those of the stored plan"))
-    elif report.plan_cache == "program":
-        out.append(("plan cache", "plan and compiled program loaded from disk: solve and profile times are "
-                                  "those of the stored plan"))
-    return out
-
-
 def recomputed_by_category(report: Report) -> list[list[str]]:
-    """Recomputed ops grouped by op type: count, bytes freed, recompute time."""
+    """Recomputed ops grouped by op type: count, bytes freed, recompute time (one unit)."""
     groups: dict[str, list[NodeRow]] = defaultdict(list)
     for n in report.nodes:
         if n.decision == "recomputed":
             groups[n.category or "other"].append(n)
     ordered = sorted(groups.items(), key=lambda kv: -sum(n.bytes for n in kv[1]))
-    return [[category, str(len(rows)), format_bytes(sum(n.bytes for n in rows)),
+    fb = Unit.of([sum(n.bytes for n in rows) for _, rows in ordered])
+    return [[category, str(len(rows)), fb(sum(n.bytes for n in rows)),
              f"{sum(n.added_seconds for n in rows) * 1e3:.3f} ms"] for category, rows in ordered]
 
 
 def top_holders(report: Report) -> list[list[str]]:
-    """Kept activations holding the most memory, with why they are kept."""
+    """Kept activations holding the most memory, with where they come from and why they are kept."""
     kept = sorted((n for n in report.nodes if n.decision == "kept"), key=lambda n: -n.bytes)[:TOP_HOLDERS]
-    return [[n.name, n.op.removeprefix("aten."), format_bytes(n.bytes), n.reason] for n in kept]
+    fb = Unit.of([n.bytes for n in kept])
+    return [[module_name(n.module), n.label, n.op.removeprefix("aten."), fb(n.bytes), n.source, n.reason, n.name]
+            for n in kept]
+
+
+def module_table(report: Report) -> list[list[str]]:
+    groups = report.by_module()
+    fb = Unit.of([g["recomputed_bytes"] + g["kept_bytes"] for g in groups])
+    return [[module_name(g["module"]), labels_text(g["recomputed"]), fb(g["recomputed_bytes"]),
+             labels_text(g["kept"]), fb(g["kept_bytes"])] for g in groups]
 
 
 def report_html(report: Report) -> str:
-    """The summary card a notebook shows for a Report."""
-    memory = "".join(row(k, v) for k, v in memory_rows(report) + cost_rows(report))
-    counts = defaultdict(int)
-    for n in report.nodes:
-        counts[n.decision] += 1
-    decided = ", ".join(f"{counts[d]} {d}" for d in ("kept", "recomputed", "freed") if counts[d])
-    parts = [f"<div class='remat-report'><b>remat report</b> ({html.escape(decided)})",
-             f"<table>{memory}</table>",
+    """The card a notebook shows for a Report: the summary's outcome and rows, then tables; computes nothing."""
+    fb = table_unit(report)
+    rows = "".join(row(k, v) for k, v in summary_rows(report, fb) if k != "by module")
+    parts = [f"<div class='remat-report'><p><b>remat: {html.escape(outcome(report, fb))}</b></p>",
+             f"<table>{rows}</table>",
+             "<p><b>By module</b> (activations recomputed and kept)</p>",
+             table(["module", "recomputes", "frees", "keeps", "holds"], module_table(report))
+             if report.by_module() else "<p>no activation recomputed or kept</p>",
              "<p><b>Largest kept activations</b></p>",
-             table(["node", "op", "bytes", "reason"], top_holders(report)) if report.saved else "<p>none</p>",
+             table(["module", "value", "op", "size", "source", "reason", "node"], top_holders(report))
+             if report.saved else "<p>none</p>",
              "<p><b>Recomputed, by op type</b></p>",
              table(["op type", "values", "bytes freed", "recompute time"], recomputed_by_category(report))
              if report.recomputed else "<p>nothing recomputed</p>"]
     parts += [f"<p>note: {html.escape(n)}</p>" for n in report.notes]
     return "".join(parts) + "</div>"
+
+
+def report_page(report: Report) -> str:
+    """The card as a whole HTML page (``Report.to_html``)."""
+    return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>remat report</title></head>"
+            f"<body>{report_html(report)}</body></html>\n")
 
 
 # --- Frontier --------------------------------------------------------------------

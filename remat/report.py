@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import pathlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -40,6 +42,13 @@ class NodeRow:
     category: str = ""  # matmul | attention | pointwise | reduction | view | random | ...
     added_seconds: float = 0.0  # what this decision adds to the step (recompute, or keep when fused)
     workspace: int = 0  # scratch bytes the op holds while it runs, beyond its inputs and outputs
+    # the user's names (remat.passes.names): the module that ran the op (``layers.3.attn``; "" for
+    # the compiled model's own code or where none was recorded), a graph input's parameter,
+    # buffer or argument (``layers.3.attn.q_proj.weight``, ``x``), the source line (``net.py:12``)
+    module: str = ""
+    input_name: str = ""
+    source: str = ""
+    label: str = ""  # a short name for people: the input's name, the variable the source line assigns, or the op
 
 
 @dataclass(repr=False)
@@ -113,6 +122,7 @@ class Report(Deferring):
     plan_timeline: list[int] = field(default_factory=list)
     store_all_timeline: list[int] = field(default_factory=list)
     backward_starts_at: int = 0  # the first backward step
+    peak_module: str = ""  # the module whose op runs at the plan's predicted peak ("" when unnamed)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if self.__dict__.get("_built"):
@@ -153,6 +163,40 @@ class Report(Deferring):
         return int(low + fraction * max(0, self.unbinding_budget_bytes - low))
 
     @property
+    def peak_bytes(self) -> int:
+        """The peak compared with the budget: measured where a step was measured, else the
+        compiled program's (Inductor), else remat's prediction; ``peak_source`` says which."""
+        if self.measured_peak_bytes is not None:
+            return self.measured_peak_bytes
+        return self.checked_peak_bytes
+
+    @property
+    def peak_source(self) -> str:
+        """Which peak ``peak_bytes`` is: "measured", "compiled program" or "predicted"."""
+        if self.measured_peak_bytes is not None:
+            return "measured"
+        return "predicted" if self.compiled_peak_bytes is None else "compiled program"
+
+    @property
+    def step_seconds(self) -> float:
+        """The step's time as profiled op by op, keeping everything (what added time is a share of)."""
+        return sum(n.seconds for n in self.nodes)
+
+    def by_module(self) -> list[dict[str, Any]]:
+        """The plan's activations grouped by the module that computed them, the most bytes first:
+        each ``{"module", "recomputed", "kept", "recomputed_bytes", "kept_bytes"}`` (value labels)."""
+        groups: dict[str, dict[str, Any]] = {}
+        for n in self.nodes:
+            if n.decision not in ("kept", "recomputed") or not n.bytes:
+                continue
+            group = groups.setdefault(n.module, {"module": n.module, "recomputed": [], "kept": [],
+                                                 "recomputed_bytes": 0, "kept_bytes": 0})
+            if n.label not in group[n.decision]:
+                group[n.decision].append(n.label)
+            group[f"{n.decision}_bytes"] += n.bytes
+        return sorted(groups.values(), key=lambda g: -(g["recomputed_bytes"] + g["kept_bytes"]))
+
+    @property
     def recomputed(self) -> list[str]:
         return [n.name for n in self.nodes if n.decision == "recomputed"]
 
@@ -181,11 +225,32 @@ class Report(Deferring):
     def to_json(self, **kwargs: object) -> str:
         return json.dumps(self.to_dict(), **kwargs)
 
-    def to_pandas(self) -> Any:
-        """One row per node: name, op, category, bytes, flops, seconds, decision, reason (needs pandas)."""
-        from .render import report_frame
+    def to_pandas(self, *, by_module: bool = False) -> Any:
+        """One row per node: name, module, label, op, category, bytes, flops, seconds, decision,
+        reason, source (needs pandas); ``by_module``: one row per module instead (``by_module()``).
+        Computes nothing: figures not computed yet are not in it."""
+        from .render import module_frame, report_frame
 
-        return report_frame(self)
+        return module_frame(self) if by_module else report_frame(self)
+
+    def to_html(self, path: str | os.PathLike[str]) -> pathlib.Path:
+        """Write the card (``_repr_html_``) as a page at ``path``; computes nothing. Returns the path."""
+        from .render import report_page
+
+        out = pathlib.Path(path)
+        out.write_text(report_page(self), encoding="utf-8")
+        return out
+
+    def save(self, path: str | os.PathLike[str], *, compute: bool = True) -> pathlib.Path:
+        """Write ``to_dict(compute=compute)`` as JSON at ``path``. With ``compute`` (the default)
+        figures not computed yet are computed first (the smallest feasible budget may compile);
+        ``compute=False`` writes them as null and lists them under "pending". Returns the path."""
+        data = self.to_dict(compute=compute)
+        if not compute:
+            data["pending"] = self.pending
+        out = pathlib.Path(path)
+        out.write_text(json.dumps(data, indent=1), encoding="utf-8")
+        return out
 
     def plot(self) -> Any:
         """A matplotlib Figure: memory over the forward and backward, store-all
@@ -195,6 +260,7 @@ class Report(Deferring):
         return report_figure(self)
 
     def _repr_html_(self) -> str:
+        """The notebook card; computes nothing."""
         from .render import report_html
 
         return report_html(self)
@@ -205,45 +271,11 @@ class Report(Deferring):
                 f"solver={self.solver!r}, status={self.solver_status!r}, nodes={len(self.nodes)})")
 
     def summary(self) -> str:
-        """A few lines for a terminal."""
-        gib = format_bytes
-        lines = [
-            f"budget                 {gib(self.budget_bytes)}"
-            + (f" (plan fits {gib(self.planned_budget_bytes)}, {self.headroom:.0%} headroom)" if self.headroom and self.budget_bytes else ""),
-            f"predicted peak         {gib(self.predicted_peak_bytes)}",
-            f"store-all peak         {gib(self.store_all_peak_bytes)}",
-            f"smallest feasible      {gib(self.min_feasible_bytes)} (budget"
-            + ("" if self.min_feasible_exact else "; the model's estimate: remat.plan compiles it exactly") + ")",
-        ]
-        if self.compiled_peak_bytes is not None:
-            how = ("loaded with its plan" if self.plan_cache == "program"
-                   else f"{self.compile_attempts} plan(s) compiled")
-            lines.insert(2, f"compiled program peak  {gib(self.compiled_peak_bytes)} (Inductor's, {how})")
-        if self.min_cut_peak_bytes is not None:
-            lines.append(f"torch min-cut peak     {gib(self.min_cut_peak_bytes)}")
-        for name, rule in (self.peer_rules or {}).items():
-            lines.append(f"{RULE_LABELS.get(name, name):<23}{gib(rule['peak_bytes'])}, "
-                         f"{rule['overhead_seconds'] * 1e3:+.3f} ms (its rule in remat's model)")
-        if self.measured_peak_bytes is not None:
-            lines.append(f"measured peak          {gib(self.measured_peak_bytes)}")
-        if self.budget_scope == "step":
-            eager = "reserved" if self.eager_reserved else "measured"
-            lines.append(f"step outside graph     {gib(self.eager_bytes)} eager code after it ({eager}; a loss "
-                         f"outside the model), {gib(self.resident_bytes + self.other_state_bytes)} model state it "
-                         f"does not read, {gib(self.graphs_bytes)} held by other graphs")
-        if self.budget_scope == "rank":
-            lines.append(f"rank outside graph     {gib(self.resident_bytes)} resident, {gib(self.comm_bytes)} "
-                         f"communication, {gib(self.copies_kept_bytes)} kept by {self.kept_copies} other copies, "
-                         f"{gib(self.eager_bytes)} eager head and loss")
-        lines += [
-            f"recomputed             {len(self.recomputed)} of {len(self.nodes)} nodes; largest: {self.largest_recomputed()}",
-            f"added time (predicted) {self.predicted_overhead_seconds * 1e3:+.3f} ms vs keeping everything",
-            f"solver                 {self.solver} ({self.solver_status}, gap {gap_text(self.mip_gap)}) "
-            f"in {self.solve_seconds:.2f} s",
-        ]
-        if self.timings:
-            lines.append(f"compile time           {self.timings_text()}")
-        return "\n".join(lines + [f"note: {n}" for n in self.notes])
+        """A few lines for a terminal, the outcome first; computes nothing (a figure not computed
+        yet says how to compute it)."""
+        from .render import report_text
+
+        return report_text(self)
 
 
 # --- built from a plan ---------------------------------------------------------
@@ -253,6 +285,7 @@ def report_of(plan: Any) -> Report:
     """The Report of one planned graph, built once from the passes' plain record
     (a ``remat.passes.partition.GraphPlan``; read by attribute, so no torch is imported here)."""
     problem, solution, request = plan.problem, plan.solution, plan.request
+    names = getattr(plan, "names", {})  # the user's names for the nodes, where the graph was traced
     report = Report(
         budget_bytes=request.budget_bytes,
         predicted_peak_bytes=solution.peak_bytes,
@@ -265,7 +298,8 @@ def report_of(plan: Any) -> Report:
         solver_status=str(solution.status.value),
         solve_seconds=solution.solve_seconds,
         mip_gap=solution.gap,
-        nodes=node_rows(problem, solution),
+        nodes=node_rows(problem, solution, names),
+        peak_module=peak_module(problem, solution, names),
         device=str(problem.meta.get("device", "")),
         joint_graph_steps=problem.num_steps,
         candidates=len(problem.candidates()),
@@ -410,13 +444,33 @@ def recomputed_reason(v: Value, context: Context) -> str:
     return f"recomputed: {what}, frees {mib(v.bytes)} for {ms(context.origin(v).recompute_seconds)}"
 
 
-def node_rows(problem: Problem, solution: Solution) -> list[NodeRow]:
+def node_rows(problem: Problem, solution: Solution, names: dict[str, Any] | None = None) -> list[NodeRow]:
+    """One row per value; ``names``: the user's names by node name (``remat.passes.names.NodeName``)."""
     context = Context.of(problem, solution)
     scratch = dict(zip(problem.step_names, problem.workspace))
+    names = names or {}
     rows = []
     for v in problem.values:
         decision, reason = decision_of(v, solution, context)
         added = v.recompute_seconds if decision == "recomputed" else v.save_seconds if decision == "kept" else 0.0
         rows.append(NodeRow(v.name, v.op, v.bytes, v.flops, v.seconds, decision, reason,
-                            op_category(v, context.by_name), added, scratch.get(v.name, 0)))
+                            op_category(v, context.by_name), added, scratch.get(v.name, 0),
+                            **user_names(v, names.get(v.name))))
     return rows
+
+
+def user_names(v: Value, name: Any) -> dict[str, str]:
+    """A row's module, input name, source line and label, from its node's ``NodeName`` (or none)."""
+    module = getattr(name, "module", "")
+    given = getattr(name, "input", "")
+    label = given or getattr(name, "variable", "") or ("" if v.kind is Kind.INPUT else short_op(v.op))
+    return {"module": module, "input_name": given, "source": getattr(name, "source", ""), "label": label}
+
+
+def peak_module(problem: Problem, solution: Solution, names: dict[str, Any]) -> str:
+    """The module whose op runs at the plan's peak ("" when it has no name)."""
+    if not solution.timeline or not problem.step_names:
+        return ""
+    step = max(range(len(solution.timeline)), key=solution.timeline.__getitem__)
+    name = names.get(problem.step_names[step]) if step < len(problem.step_names) else None
+    return getattr(name, "module", "")

@@ -124,6 +124,11 @@ def test_plan_under_inductor_compiles_once_and_the_exact_minimum_when_read(calls
     report = remat.plan(model, *inputs, plan_cache=False)
     assert report.compiled_peak_bytes is not None and report.compile_attempts == 1
     assert calls.count == {"solve": 0, "min_cut": 0, "compile": 1}
+    # rendering computes nothing: a figure not computed yet says so
+    summary, _ = report.summary(), report._repr_html_()
+    assert calls.count == {"solve": 0, "min_cut": 0, "compile": 1} and "min_feasible_bytes" in report.pending
+    assert "not computed (read report.min_feasible_bytes" in summary
+    assert summary.splitlines()[0].startswith("no budget: the fastest plan, peak ") and "(compiled program)" in summary
     torch._dynamo.reset()  # the figure is compiled outside the capture that planned it
     assert report.min_feasible_exact and report.min_feasible_bytes <= report.compiled_peak_bytes
     assert calls.count["compile"] in (1, 2) and calls.count["solve"] == 1  # 1: the fastest plan is the smallest
