@@ -97,11 +97,13 @@ def source_line(stack_trace: str | None) -> str:
     return user_frame(stack_trace)[0]
 
 
-def variable_of(module: str, code: str, in_torch: bool) -> str:
+def variable_of(module: str, kind: str, code: str, in_torch: bool) -> str:
     """A short name for an op's value: inside a torch module (``nn.Linear``) the module's own
-    name (``q_proj``), else the variable its user line assigns (``scores``)."""
+    name (``q_proj``; its class, ``gelu``, where its name is an index in a ``Sequential``), else
+    the variable its user line assigns (``scores``)."""
     if in_torch and module:
-        return module.rpartition(".")[2]
+        leaf = module.rpartition(".")[2]
+        return kind.lower() if leaf.isdigit() and kind else leaf
     return assigned_name(code)
 
 
@@ -141,12 +143,14 @@ def module_entries(node: fx.Node) -> list[tuple]:
     return [e for e in entries if str(e[0]).startswith(root.group(0))]
 
 
-def in_torch_module(node: fx.Node) -> bool:
-    """Whether the innermost module that ran ``node`` is one of torch's (``nn.Linear``): its
-    code is torch's, so the user's line is the one that called the module."""
+def torch_module(node: fx.Node) -> str | None:
+    """The class name of the innermost module that ran ``node`` if it is one of torch's
+    (``Linear``): its code is torch's, so the user's line is the one that called the module."""
     entries = module_entries(node)
     kind = entries[-1][1] if entries and len(entries[-1]) > 1 else None
-    return str(getattr(kind, "__module__", kind or "")).startswith("torch.nn")
+    if not str(getattr(kind, "__module__", kind or "")).startswith("torch.nn"):
+        return None
+    return getattr(kind, "__name__", str(kind).rpartition(".")[2])
 
 
 def input_names(gm: fx.GraphModule) -> dict[Any, str]:
@@ -192,8 +196,8 @@ def node_names(graph: fx.Graph, inputs: dict[Any, str] | None = None) -> dict[st
         if module is None:
             continue
         source, code, in_torch = user_frame(node.meta.get("stack_trace"))
-        in_torch = in_torch or in_torch_module(node)
-        names[node.name] = NodeName(module, "", source, variable_of(module, code, in_torch))
+        kind = torch_module(node)
+        names[node.name] = NodeName(module, "", source, variable_of(module, kind or "", code, in_torch or bool(kind)))
     return names
 
 

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from .errors import format_bytes
-from .report import RULE_LABELS, NodeRow, Report, gap_text
+from .report import RULE_LABELS, NodeRow, Report, gap_text, short_op
 
 if TYPE_CHECKING:
     from .frontier import Frontier
@@ -192,6 +192,10 @@ def peer_text(report: Report, fb: Unit) -> str:
 
 def scope_rows(report: Report, fb: Unit) -> list[tuple[str, str]]:
     """What the budget counts outside this graph, under a step or per-rank budget."""
+    outside = (report.eager_bytes, report.resident_bytes, report.other_state_bytes, report.graphs_bytes,
+               report.comm_bytes, report.copies_kept_bytes)
+    if not any(outside):
+        return []  # nothing outside the graph was counted
     if report.budget_scope == "step":
         eager = "reserved" if report.eager_reserved else "measured"
         return [("counted outside the graph", f"{fb(report.eager_bytes)} for the code after it ({eager}: a loss "
@@ -344,7 +348,7 @@ def top_holders(report: Report) -> list[list[str]]:
     """Kept activations holding the most memory, with where they come from and why they are kept."""
     kept = sorted((n for n in report.nodes if n.decision == "kept"), key=lambda n: -n.bytes)[:TOP_HOLDERS]
     fb = Unit.of([n.bytes for n in kept])
-    return [[module_name(n.module), n.label, n.op.removeprefix("aten."), fb(n.bytes), n.source, n.reason, n.name]
+    return [[module_name(n.module), n.label, short_op(n.op), fb(n.bytes), n.source, n.reason, n.name]
             for n in kept]
 
 

@@ -204,12 +204,6 @@ class Report(Deferring):
     def saved(self) -> list[str]:
         return [n.name for n in self.nodes if n.decision == "kept"]
 
-    def largest_recomputed(self, count: int = 4) -> str:
-        """The recomputed values that free the most memory, for a summary line."""
-        rows = sorted((n for n in self.nodes if n.decision == "recomputed" and n.bytes), key=lambda n: -n.bytes)
-        names = [f"{n.name} ({n.op.removeprefix('aten.')}, {format_bytes(n.bytes)})" for n in rows[:count]]
-        return ", ".join(names) + (", ..." if len(rows) > count else "") if names else "none holding memory"
-
     def to_dict(self, *, compute: bool = True) -> dict:
         """Every field as plain data. ``compute=False`` computes nothing: the fields still
         ``pending`` read None (the plan cache stores a report so, with ``pending`` beside it)."""
@@ -367,7 +361,9 @@ def op_category(value: Value, by_name: dict[str, Value] | None = None) -> str:
 
 
 def short_op(op: str) -> str:
-    """``aten.addmm.default`` -> ``addmm``."""
+    """``aten.addmm.default`` -> ``addmm``; ``<built-in function getitem>`` -> ``getitem``."""
+    if op.startswith("<built-in function "):
+        return op.removeprefix("<built-in function ").rstrip(">")
     return op.split(".")[1] if op.count(".") == 2 else op
 
 
@@ -390,9 +386,17 @@ class Context:
 
     by_name: dict[str, Value]
     kept_for: dict[str, str]  # operand -> a recomputed value that needs it kept
+    names: dict[str, Any] = field(default_factory=dict)  # the user's names by node (remat.passes.names)
+
+    def call(self, name: str) -> str:
+        """How a reason names another value: the user's name for it where known, else the node's."""
+        user = self.names.get(name)
+        label = getattr(user, "variable", "") or getattr(user, "input", "")
+        module = getattr(user, "module", "")
+        return f"{label} in {module}" if label and module else label or name
 
     @staticmethod
-    def of(problem: Problem, solution: Solution) -> Context:
+    def of(problem: Problem, solution: Solution, names: dict[str, Any] | None = None) -> Context:
         by_name = problem.by_name()
         kept_for = {}
         for name in sorted(solution.recomputed):
@@ -402,7 +406,7 @@ class Context:
             for operand in value.operands if value else ():
                 if operand in solution.saved and not by_name[operand].direct_need:
                     kept_for.setdefault(operand, name)  # kept only so that ``name`` can be recomputed
-        return Context(by_name, kept_for)
+        return Context(by_name, kept_for, names or {})
 
     def origin(self, v: Value) -> Value:
         """The op that computes ``v``: itself, or for an element of a multi-output op, that op."""
@@ -431,7 +435,7 @@ def kept_reason(v: Value, context: Context) -> str:
     what = op_category(v, context.by_name)
     made_by = f"{what} output" if origin is v else f"output of {short_op(origin.op)} ({what})"
     if v.name in context.kept_for:
-        return f"kept: {made_by}, needed to recompute {context.kept_for[v.name]}"
+        return f"kept: {made_by}, needed to recompute {context.call(context.kept_for[v.name])}"
     return f"kept: {made_by}, recompute would cost {ms(origin.recompute_seconds)}"
 
 
@@ -446,7 +450,7 @@ def recomputed_reason(v: Value, context: Context) -> str:
 
 def node_rows(problem: Problem, solution: Solution, names: dict[str, Any] | None = None) -> list[NodeRow]:
     """One row per value; ``names``: the user's names by node name (``remat.passes.names.NodeName``)."""
-    context = Context.of(problem, solution)
+    context = Context.of(problem, solution, names)
     scratch = dict(zip(problem.step_names, problem.workspace))
     names = names or {}
     rows = []

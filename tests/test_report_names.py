@@ -125,8 +125,12 @@ def test_ops_carry_their_module_label_and_source_line(planned) -> None:
     assert {n.label for n in top if n.decision != "backward"} == {"pow", "mean"}  # square() is pow
 
 
-def test_the_module_at_the_peak_is_named(planned) -> None:
-    assert planned.report.peak_module in set(dict(planned.net.named_modules()))
+def test_the_module_at_the_peak_is_named_in_the_plot(planned) -> None:
+    report = planned.report
+    assert report.peak_module and report.peak_module in set(dict(planned.net.named_modules()))
+    pytest.importorskip("matplotlib")
+    labels = [line.get_label() for line in report.plot().axes[0].get_lines()]
+    assert any(label.startswith("predicted peak") and label.endswith(f" in {report.peak_module}") for label in labels)
 
 
 def figures_in(text: str) -> list[str]:
@@ -233,3 +237,20 @@ def test_hugging_face_modules_keep_their_own_names() -> None:
     params = {n.input_name for n in report.nodes if n.decision == "input"}
     assert "hf.model.layers.0.self_attn.q_proj.weight" in params
     assert modules <= set(dict(model.named_modules()))
+
+
+def test_reasons_name_other_values_as_the_user_does(planned) -> None:
+    nodes = set(planned.rows)
+    kept_for = [n.reason.split("needed to recompute ")[1] for n in planned.report.nodes
+                if "needed to recompute" in n.reason]
+    assert kept_for and not nodes & set(kept_for)
+    assert all(" in layers." in text or "." not in text for text in kept_for)
+
+
+def test_docstring_examples() -> None:
+    import doctest
+
+    from remat.passes import names
+
+    result = doctest.testmod(names)
+    assert result.attempted > 0 and result.failed == 0
