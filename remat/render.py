@@ -309,6 +309,7 @@ def report_figure(report: Report) -> Any:
     ax.plot([steps[peak]], [report.plan_timeline[peak] / div], "v", color="C0", markersize=9,
             label=f"predicted peak {format_bytes(report.predicted_peak_bytes)}"
             + (f" in {report.peak_module}" if report.peak_module else ""))
+    shade_modules(ax, report)
     ax.axvline(report.backward_starts_at, color="0.3", linewidth=0.8)
     ax.annotate("forward | backward", (report.backward_starts_at, 0), xytext=(0, 4), textcoords="offset points",
                 ha="center", fontsize=8, color="0.3")
@@ -316,8 +317,27 @@ def report_figure(report: Report) -> Any:
     ax.set_ylabel(f"memory alive ({unit})")
     ax.set_title(f"remat plan: {report.solver} ({report.solver_status})", fontsize=10)
     ax.set_ylim(bottom=0)
-    ax.legend(loc="upper left", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)  # beside: the layer names are on top
     return fig
+
+
+MAX_SPAN_LABELS = 40
+
+
+def shade_modules(ax: Any, report: Report) -> None:
+    """Shade every other layer's steps and name the layers wide enough to read (``module_spans``)."""
+    spans = report.module_spans
+    if not spans:
+        return
+    width = max(spans[-1][1], 1)
+    wide = [s for s in spans if s[1] - s[0] >= width / 50]
+    named = wide if len(wide) <= MAX_SPAN_LABELS else []
+    for i, (start, end, module) in enumerate(spans):
+        if i % 2:
+            ax.axvspan(start, end, color="0.5", alpha=0.08, linewidth=0)
+    for start, end, module in named:
+        ax.annotate(module, ((start + end) / 2, 1), xycoords=("data", "axes fraction"), xytext=(0, -3),
+                    textcoords="offset points", rotation=90, ha="center", va="top", fontsize=6, color="0.35")
 
 
 def row(label: str, value: str) -> str:
@@ -363,7 +383,7 @@ def report_html(report: Report) -> str:
     """The card a notebook shows for a Report: the summary's outcome and rows, then tables; computes nothing."""
     fb = table_unit(report)
     rows = "".join(row(k, v) for k, v in summary_rows(report, fb) if k != "by module")
-    parts = [f"<div class='remat-report'><p><b>remat: {html.escape(outcome(report, fb))}</b></p>",
+    parts = [f"<div class='remat-report'><p><b>remat report</b>: <b>{html.escape(outcome(report, fb))}</b></p>",
              f"<table>{rows}</table>",
              "<p><b>By module</b> (activations recomputed and kept)</p>",
              table(["module", "recomputes", "frees", "keeps", "holds"], module_table(report))

@@ -123,6 +123,8 @@ class Report(Deferring):
     store_all_timeline: list[int] = field(default_factory=list)
     backward_starts_at: int = 0  # the first backward step
     peak_module: str = ""  # the module whose op runs at the plan's predicted peak ("" when unnamed)
+    # runs of consecutive steps in one layer or top-level module, (first step, end, module), for ``plot``
+    module_spans: list[tuple[int, int, str]] = field(default_factory=list)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if self.__dict__.get("_built"):
@@ -294,6 +296,7 @@ def report_of(plan: Any) -> Report:
         mip_gap=solution.gap,
         nodes=node_rows(problem, solution, names),
         peak_module=peak_module(problem, solution, names),
+        module_spans=module_spans(problem.step_names, names),
         device=str(problem.meta.get("device", "")),
         joint_graph_steps=problem.num_steps,
         candidates=len(problem.candidates()),
@@ -469,6 +472,38 @@ def user_names(v: Value, name: Any) -> dict[str, str]:
     given = getattr(name, "input", "")
     label = given or getattr(name, "variable", "") or ("" if v.kind is Kind.INPUT else short_op(v.op))
     return {"module": module, "input_name": given, "source": getattr(name, "source", ""), "label": label}
+
+
+def module_spans(step_names: tuple[str, ...], names: dict[str, Any]) -> list[tuple[int, int, str]]:
+    """Runs of consecutive steps in one layer (``layers.3``) or top-level module (``head``);
+    steps with no module recorded continue the run around them.
+
+    >>> from types import SimpleNamespace as N
+    >>> spans = module_spans(("a", "b", "c", "d"), {"a": N(module="layers.0.attn"), "b": N(module="layers.0.mlp"),
+    ...                                             "d": N(module="head")})
+    >>> spans
+    [(0, 2, 'layers.0'), (3, 4, 'head')]
+    """
+    modules = [getattr(names.get(step), "module", "") for step in step_names]
+    depth = max((layer_depth(m) for m in modules), default=0) or 2
+    spans: list[list[Any]] = []
+    for step, module in enumerate(modules):
+        if not module:
+            continue
+        parts = module.split(".")
+        group = ".".join(parts[:layer_depth(module) or max(1, depth - 1)])
+        if spans and spans[-1][2] == group:
+            spans[-1][1] = step + 1
+        else:
+            spans.append([step, step + 1, group])
+    return [(start, end, group) for start, end, group in spans]
+
+
+def layer_depth(module: str) -> int:
+    """How many parts of ``module`` name its layer: through its first index (``layers.3`` of
+    ``layers.3.attn`` is 2), 0 when it has none."""
+    parts = module.split(".")
+    return next((i + 1 for i, part in enumerate(parts) if part.isdigit()), 0)
 
 
 def peak_module(problem: Problem, solution: Solution, names: dict[str, Any]) -> str:

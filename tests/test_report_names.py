@@ -133,6 +133,16 @@ def test_the_module_at_the_peak_is_named_in_the_plot(planned) -> None:
     assert any(label.startswith("predicted peak") and label.endswith(f" in {report.peak_module}") for label in labels)
 
 
+def test_the_plot_names_each_layer_along_the_step(planned) -> None:
+    spans = planned.report.module_spans
+    groups = [group for _, _, group in spans]
+    assert groups[:3] == ["layers.0", "layers.1", "head"]  # the forward in order, then the backward
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    pytest.importorskip("matplotlib")
+    texts = {t.get_text() for t in planned.report.plot().axes[0].texts}
+    assert {"layers.0", "layers.1"} <= texts
+
+
 def figures_in(text: str) -> list[str]:
     return re.findall(r"-?\d+\.\d{3} [KMG]iB", text)
 
