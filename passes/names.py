@@ -23,6 +23,7 @@ op's or its base's.
 
 from __future__ import annotations
 
+import logging
 import operator
 import os
 import re
@@ -31,6 +32,8 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+
+log = logging.getLogger(__name__)
 
 # Dynamo's containers of a module's children, parameters and buffers: not part of a user's name.
 CONTAINERS = frozenset({"_modules", "_parameters", "_buffers"})
@@ -124,7 +127,7 @@ def innermost_module(node: fx.Node) -> str | None:
     if "nn_module_stack" in meta or "fwd_nn_module_stack" in meta:
         entries = module_entries(node)
         return module_path(entries[-1][0]) if entries else ""
-    if meta.get("autograd_backward") or meta.get("is_gradient_acc"):
+    if meta.get("autograd_backward") or meta.get("is_gradient_acc") or meta.get("partitioner_tag") == "is_backward":
         return None  # a backward op without its forward op's modules (a gradient sum): unknown
     if meta.get("stack_trace"):  # traced from user code that ran in no submodule
         return ""
@@ -209,3 +212,23 @@ def borrowed_module(node: fx.Node, names: dict[str, NodeName]) -> str | None:
         base = names.get(node.args[0].name)
         return None if base is None or base.input else base.module
     return None
+
+
+def names_of(graph: fx.Graph, inputs: dict[Any, str] | None = None) -> dict[str, NodeName]:
+    """:func:`node_names`, or none where this torch records its metadata otherwise: names serve
+    the report, and reading them must never stop a compile (logged, not silent)."""
+    try:
+        return node_names(graph, inputs)
+    except Exception as exc:  # noqa: BLE001 - any shape of metadata we did not foresee
+        log.warning("remat: could not read the user's names of the graph's nodes (%s: %s); the report "
+                    "shows node names only", type(exc).__name__, exc)
+        return {}
+
+
+def names_of_inputs(gm: fx.GraphModule) -> dict[Any, str]:
+    """:func:`input_names`, or none where this torch records its inputs otherwise (logged)."""
+    try:
+        return input_names(gm)
+    except Exception as exc:  # noqa: BLE001 - as names_of
+        log.warning("remat: could not read the user's names of the graph's inputs (%s: %s)", type(exc).__name__, exc)
+        return {}

@@ -29,7 +29,7 @@ from . import plan_cache, ranks
 from .rank_scope import RankScope
 from . import torch_adapter as adapter
 from .memory import realized_peak, recomputed_in
-from .names import NodeName, input_names, node_names
+from .names import NodeName, names_of, names_of_inputs
 from .policies import in_checkpoint_region
 from .problem import build_problem, unfolded_adds
 from .profile import SHARED_TIMINGS, profile_graph
@@ -252,7 +252,7 @@ class Planner:
     @staticmethod
     def names_of_inputs(gm: fx.GraphModule) -> dict:
         """The captured graph's inputs by the user's names, for ``input_names`` (passes/names.py)."""
-        return input_names(gm)
+        return names_of_inputs(gm)
 
     def choose(self, joint_graph: fx.Graph, node_info: adapter.NodeInfo) -> list[fx.Node]:
         if self.expect_program:
@@ -272,7 +272,7 @@ class Planner:
             if self.faster_than is not None and plan.solution.added_seconds >= self.faster_than:
                 raise NotFaster
         plan.node_order = [n.name for n in joint_graph.nodes]
-        plan.names = node_names(joint_graph, self.input_names)  # read from this graph: a cached plan's may differ
+        plan.names = names_of(joint_graph, self.input_names)  # read from this graph: a cached plan's may differ
         if self.request.compiler == "inductor":  # the adds whose matmul Inductor must not fold (passes/problem.py)
             plan.unfolded = unfolded_adds(joint_graph, node_info)
         plan.scope = self.scope

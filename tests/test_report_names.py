@@ -264,3 +264,27 @@ def test_docstring_examples() -> None:
 
     result = doctest.testmod(names)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_a_cached_plan_takes_its_names_from_the_graph_it_plans(tmp_path: pathlib.Path) -> None:
+    """The plan cache keys on the graph's ops and shapes, not on names: a hit is named anew."""
+    torch.manual_seed(0)
+    net, x = Net(), torch.randn(4, T, D)
+    first = remat.plan(net, x, compiler="eager", plan_cache=str(tmp_path))
+    torch._dynamo.reset()
+    again = remat.plan(net, x, compiler="eager", plan_cache=str(tmp_path))
+    assert again.plan_cache == "hit" and [n.module for n in again.nodes] == [n.module for n in first.nodes]
+    assert {n.input_name for n in again.nodes} >= {"layers.0.attn.q_proj.weight", "head.bias"}
+
+
+def test_names_that_cannot_be_read_leave_node_names_and_say_so(monkeypatch: pytest.MonkeyPatch,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    from remat.passes import names
+
+    def unforeseen(*args: object) -> None:
+        raise KeyError("nn_module_stack")
+
+    monkeypatch.setattr(names, "node_names", unforeseen)
+    with caplog.at_level("WARNING", logger=names.__name__):
+        assert names.names_of(torch.fx.Graph()) == {}
+    assert "could not read the user's names" in caplog.text
