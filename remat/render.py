@@ -112,7 +112,7 @@ def outcome(report: Report, unit: Unit | None = None) -> str:
     store_all = f"store-all {fb(report.store_all_peak_bytes)}"
     timing = f"{share_text(report)} (predicted)"
     if report.budget_bytes is None:
-        return f"no budget: the fastest plan, {peak}, {store_all}"
+        return f"no budget: the fastest plan, {peak}, {store_all}, {timing}"
     budget = fb(report.budget_bytes)
     if report.peak_bytes > report.budget_bytes:
         return f"over budget: {peak} above the {budget} budget by {fb(report.peak_bytes - report.budget_bytes)}"

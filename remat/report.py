@@ -58,7 +58,12 @@ class Report(Deferring):
     The smallest feasible budget and torch's min-cut figures cost work the plan does not
     need (a smallest-peak solve, compiles under ``remat.plan`` with Inductor, torch's own
     partitioner): they are computed when first read, then kept (``remat.lazy``).
-    ``pending`` names those not computed yet; ``to_dict`` computes them.
+    ``pending`` names those not computed yet; ``to_dict`` and ``save`` compute them. Rendering
+    (``summary``, ``to_pandas``, the card, ``to_html``, ``plot``) never does: it shows such a
+    figure as not computed, and how to compute it.
+
+    Rows carry the user's names (``module``, ``input_name``, ``source``, ``label``); the peak
+    compared with the budget is ``peak_bytes``, labelled by ``peak_source``.
     """
 
     budget_bytes: int | None
