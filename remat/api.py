@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -42,11 +43,72 @@ def compile(model: F, budget_gb: float | None = None, *, solver: str = "ilp", ti
     backend = RematBackend(options)
     compiled = torch.compile(model, backend=backend, dynamic=dynamic, fullgraph=fullgraph)
     if isinstance(compiled, torch.nn.Module):
-        compiled.forward = raising_budget_errors(compiled.forward)
+        compiled.forward = with_signature_of(model.forward, raising_budget_errors(compiled.forward))
+        keep_original_keys(compiled)
     else:
         compiled = raising_budget_errors(compiled)
     _BACKENDS[compiled] = backend
     return compiled  # type: ignore[return-value]
+
+
+def compile_in_place(module: torch.nn.Module, options: Options, *, dynamic: bool | None = None,
+                     fullgraph: bool = False) -> RematBackend:
+    """``module.compile(backend=remat)``: the module itself runs compiled, for trainers that hold it
+    (same object, class, ``state_dict`` keys and signature). ``remat.reports(module)`` then lists its plans."""
+    backend = RematBackend(options)
+    module.compile(backend=backend, dynamic=dynamic, fullgraph=fullgraph)
+    # nn.Module.compile keeps torch.compile's result here: wrapped, remat's errors surface as in compile()
+    module._compiled_call_impl = raising_budget_errors(module._compiled_call_impl)
+    _BACKENDS[module] = backend
+    return backend
+
+
+def with_signature_of(original: Callable[..., Any], forward: Callable[..., Any]) -> Callable[..., Any]:
+    """``forward`` showing ``original``'s parameters: trainers (Hugging Face's ``remove_unused_columns``)
+    read them to pick which batch columns to pass, and torch.compile's own forward takes ``*args, **kwargs``."""
+    try:
+        forward.__signature__ = inspect.signature(original)  # type: ignore[attr-defined]
+    except (TypeError, ValueError):  # a forward inspect cannot read: leave torch.compile's
+        pass
+    return forward
+
+
+ORIGINAL = "_orig_mod"  # where torch.compile's OptimizedModule holds the module it compiled
+
+
+def keep_original_keys(compiled: torch.nn.Module) -> None:
+    """``compiled.state_dict()`` keyed as the original module's, and ``load_state_dict`` taking either
+    keys, so that checkpoints move between the compiled and the plain model (torch.compile adds
+    ``_orig_mod.`` to every key)."""
+    compiled.register_state_dict_post_hook(without_original_prefix)
+    compiled.register_load_state_dict_pre_hook(with_original_prefix)
+    compiled.register_load_state_dict_post_hook(name_keys_as_original)
+
+
+def without_original_prefix(module: torch.nn.Module, state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
+    inner = prefix + ORIGINAL
+    for key in [k for k in state_dict if k.startswith(inner + ".")]:  # in order: these are the last keys
+        state_dict[prefix + key[len(inner) + 1:]] = state_dict.pop(key)
+    metadata = getattr(state_dict, "_metadata", None)
+    if metadata is not None:  # per-module versions, which load_state_dict reads by the module's name
+        for key in [k for k in metadata if k == inner or k.startswith(inner + ".")]:
+            metadata[(prefix + key[len(inner) + 1:]) if key != inner else prefix[:-1]] = metadata.pop(key)
+
+
+def with_original_prefix(module: torch.nn.Module, state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
+    inner = prefix + ORIGINAL + "."
+    for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(inner)]:
+        state_dict[inner + key[len(prefix):]] = state_dict.pop(key)
+    metadata = getattr(state_dict, "_metadata", None)
+    if metadata is not None:  # reachable at the root only: nested modules get a plain dict
+        for key in [k for k in metadata if k.startswith(prefix) and not k.startswith(inner)]:
+            metadata.setdefault((inner + key[len(prefix):]) if key else ORIGINAL, metadata[key])
+
+
+def name_keys_as_original(module: torch.nn.Module, incompatible: Any) -> None:
+    """Missing and unexpected keys, named as in ``state_dict()``, for load_state_dict's error."""
+    for keys in (incompatible.missing_keys, incompatible.unexpected_keys):
+        keys[:] = [".".join(part for part in key.split(".") if part != ORIGINAL) for key in keys]
 
 
 def is_fully_sharded(model: object) -> bool:
