@@ -8,6 +8,8 @@ seconds. Tests of a trainer that is not installed are skipped (``pip install -e 
 from __future__ import annotations
 
 import inspect
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,16 @@ ROWS = 512  # per batch: activations, not parameters, dominate the MLP's step, s
 # Of the way from remat.plan's smallest feasible to store-all: low, as the plan reserves three times the
 # model's outputs for the loss computed after it, and the trained step counts what that loss measured.
 BINDING = 0.1
+
+
+@pytest.fixture(scope="module", autouse=True)
+def environment_kept() -> Iterator[None]:
+    """The trainers set environment variables (Lightning: PYTORCH_NVML_BASED_CUDA_CHECK,
+    TORCHINDUCTOR_CACHE_DIR) that later tests and their subprocesses would inherit."""
+    before = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(before)
 
 
 def assert_binds(reports: list[remat.Report], budget_gb: float) -> None:
