@@ -1,8 +1,9 @@
 """The trainers people use take remat in one line (docs/trainers.md): Hugging Face Trainer, accelerate, Lightning.
 
-Each route trains a few steps and must log eager's losses under a budget that binds. Op by op
-("eager" compiler, "analytic" costs) the plans are the same as under Inductor and the compiles take
-seconds. Tests of a trainer that is not installed are skipped (``pip install -e '.[integration]'``).
+Each route trains a few steps and must log eager's losses under a budget that binds. The compiles run
+op by op ("eager" compiler) with "analytic" costs, so they take seconds: what is tested is the route into
+each trainer, not Inductor. Tests of a trainer that is not installed are skipped
+(``pip install -e '.[integration]'``).
 """
 
 from __future__ import annotations
