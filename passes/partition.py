@@ -503,7 +503,7 @@ def owner_of(gm: fx.GraphModule, kind: str, plans: list[GraphPlan]) -> GraphPlan
 
 
 def check_realized(plan: GraphPlan) -> None:
-    """The graphs torch built must do what the plan says (DESIGN's self-check)."""
+    """The graphs torch built must do what the plan says (the self-check of docs/design.md)."""
     forward, backward = plan.graphs["forward"], plan.graphs["backward"]
     again = recomputed_in(backward, plan.forward_names)
     if again & plan.random_names:

@@ -68,7 +68,7 @@ _WARNED: set[str] = set()
 def warn_once(message: str) -> None:
     if message not in _WARNED:
         _WARNED.add(message)
-        log.warning("remat: %s (see the README, Distributed training)", message)
+        log.warning("remat: %s (see docs/distributed.md)", message)
 
 
 def side_group() -> Any:

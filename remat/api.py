@@ -185,7 +185,7 @@ def plan(model: Callable[..., Any], *inputs: Any, budget_gb: float | None = None
     ``loss_fn(output) -> scalar``: the loss your step computes outside the model (targets bound in it,
     e.g. ``lambda logits: F.cross_entropy(logits.flatten(0, 1), y.flatten())``). remat runs it and its
     backward once, on random outputs shaped like the model's, and counts what it allocates instead of the
-    reservation made before a first step (see the README, What the budget means).
+    reservation made before a first step (see docs/budget.md).
     """
     options = Options.pick(locals())
     backend = RematBackend(options, stop_after_plan=True, loss_fn=loss_fn)

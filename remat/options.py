@@ -80,7 +80,7 @@ class Options:
       holds back nothing: op by op ("eager") the model predicts the step to
       the byte, and under "inductor" remat accounts for the program Inductor
       generated, line by line, each extern kernel's measured scratch at the
-      line it runs (see the README, Headroom).
+      line it runs (see docs/budget.md, Headroom).
     - ``plan_cache``: ``True`` (default) keeps plans on disk, so a graph
       compiled again skips the solve; a folder path keeps them there;
       ``False`` turns it off (see ``remat.passes.plan_cache``). Measured op
@@ -102,7 +102,7 @@ class Options:
       not read, and under FSDP2 or DDP the rank's local shards, FSDP's unsharded
       parameters and communication buffers, DDP's buckets and every copy of a
       compiled block's kept activations; "graph": each compiled graph's own
-      forward+backward only (see the README, What the budget means).
+      forward+backward only (see docs/budget.md).
     """
 
     budget_gb: float | None = option(None, Flag("peak GiB of a training step; omit for no limit", "GIB", float))
