@@ -254,8 +254,9 @@ def raised_by(plan: Any, eager: EagerParts, lowest_of: Callable[[Any], Any]) -> 
     for name in MIN_FEASIBLE:
         plan.figures.pop(name, None)
     defer_min_feasible(plan)
-    plan.notes.append(f"counted {format_bytes(eager.peak)} of eager parts (the head and loss between the last forward "
-                      "and the first backward), measured on the first step")
+    if not plan.scope.process:  # (a process's step note above says it already)
+        plan.notes.append(f"counted {format_bytes(eager.peak)} of eager parts (the head and loss between the last "
+                          "forward and the first backward), measured on the first step")
 
 
 def remember(scope: Any) -> None:

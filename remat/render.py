@@ -229,7 +229,10 @@ def summary_rows(report: Report, fb: Unit) -> list[tuple[str, str]]:
         rows.append(("other plans, estimated", others))
     rows += scope_rows(report, fb)
     if report.realized_peak_bytes is not None:
-        rows.append(("partitioned graphs, op by op", fb(report.realized_peak_bytes)))
+        unfused = fb(report.realized_peak_bytes)
+        if report.compiled_peak_bytes is not None:  # (it can exceed the budget: it is not what runs)
+            unfused += " if run unfused (compiler=\"eager\"); the compiled program's peak is what runs"
+        rows.append(("partitioned graphs, op by op", unfused))
     rows.append(("solver", f"{report.solver} ({report.solver_status}, gap {gap_text(report.mip_gap)}) in "
                            f"{report.solve_seconds:.2f} s; profiled {report.joint_graph_steps} ops in "
                            f"{report.profile_seconds:.2f} s" + (f" on {report.device}" if report.device else "")))
@@ -264,10 +267,11 @@ def module_lines(report: Report, fb: Unit, top: int = TOP_MODULES) -> list[str]:
 def report_text(report: Report) -> str:
     """``Report.summary``: the outcome, then one row a line."""
     fb = table_unit(report)
-    width = 26
+    rows = summary_rows(report, fb)
+    width = 2 + max(len(label) for label, _ in rows)
     lines = [outcome(report, fb)]
     last = None
-    for label, value in summary_rows(report, fb):
+    for label, value in rows:
         lines.append(f"{'' if label == last else label:<{width}}{value}")
         last = label
     return "\n".join(lines + [f"note: {n}" for n in report.notes])

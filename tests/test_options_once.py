@@ -7,7 +7,8 @@ import inspect
 import pytest
 
 import remat
-from remat.cli import option_values, parser
+from remat.cli import parser
+from remat.options import given as option_values
 
 
 @pytest.mark.parametrize("entry", [remat.compile, remat.plan, remat.sweep], ids=lambda f: f.__name__)
