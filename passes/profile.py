@@ -37,6 +37,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from .progress import progress
 
 from . import torch_adapter as adapter
+from .devices import DeviceSpec, planned_for
 from .cost_table import CostTable, signature
 from .taxonomy import is_alias, node_kind
 
@@ -305,15 +306,26 @@ def measure_op(node: fx.Node, device: torch.device, repeats: int) -> tuple[float
     return seconds, flops, workspace
 
 
+def peaks_of(node: fx.Node, device: torch.device, spec: DeviceSpec | None) -> DevicePeaks:
+    """The throughputs ``node`` is costed at: ``spec``'s for its element size, else the device's."""
+    if spec is None:
+        return DevicePeaks.for_device(device)
+    val = node.meta.get("val")
+    val = val[0] if isinstance(val, (tuple, list)) and val else val
+    itemsize = val.element_size() if isinstance(val, torch.Tensor) else 4
+    return DevicePeaks(flops_per_s=spec.flops_for(itemsize), bytes_per_s=spec.bandwidth)
+
+
 def op_cost(node: fx.Node, mode: Mode, device: torch.device, cache: TimingCache,
-            repeats: int) -> tuple[float, float, int, bool]:
+            repeats: int, spec: DeviceSpec | None = None) -> tuple[float, float, int, bool]:
     # an analytic profile never reads a measured entry (the process-wide cache holds both):
-    # the same graph must cost the same whatever was measured before it
-    key = cache_key(node) if mode == "measure" else ("analytic", *cache_key(node))
+    # the same graph must cost the same whatever was measured before it; nor one costed
+    # for another device
+    key = cache_key(node) if mode == "measure" else ("analytic", spec, *cache_key(node))
     if key in cache.entries:
         cache.hits += 1
         return cache.entries[key]
-    peaks = DevicePeaks.for_device(device)
+    peaks = peaks_of(node, device, spec)
     result: tuple[float, float, int, bool] | None = None
     if adapter.is_collective(node):
         # never run alone: its peers are not running it (a rank waiting for rank 0's plan,
@@ -338,7 +350,7 @@ def op_cost(node: fx.Node, mode: Mode, device: torch.device, cache: TimingCache,
 
 
 def annotate(node: fx.Node, mode: Mode, device: torch.device, cache: TimingCache,
-             repeats: int) -> NodeCost:
+             repeats: int, spec: DeviceSpec | None = None) -> NodeCost:
     kind = node_kind(node)
     val = node.meta.get("val")
     base = storage_base(node) if node.op == "call_function" else None
@@ -347,7 +359,7 @@ def annotate(node: fx.Node, mode: Mode, device: torch.device, cache: TimingCache
                         alias_of=base.name if base is not None else None)
     if kind in ("input", "getitem") or node.op != "call_function":
         return NodeCost(bytes=storage_bytes(val), flops=0.0, seconds=0.0, workspace=0, kind=kind)
-    seconds, flops, workspace, measured = op_cost(node, mode, device, cache, repeats)
+    seconds, flops, workspace, measured = op_cost(node, mode, device, cache, repeats, spec)
     return NodeCost(bytes=storage_bytes(val), flops=flops, seconds=seconds,
                     workspace=workspace, kind=kind, measured=measured)
 
@@ -359,6 +371,8 @@ def profile_graph(graph: fx.Graph, *, mode: Mode = "measure", cache: TimingCache
 
     With ``cost_folder``, measured costs are read from and added to the op cost table
     there (:mod:`.cost_table`): an op measured by an earlier process is not measured again.
+    A meta graph is costed analytically, for the device :func:`.devices.planning_for` names
+    (this machine's CPU figures without one).
     ``inductor``: the graph is compiled by Inductor, so its convolutions are measured in the
     layout Inductor gives them (:data:`CHANNELS_LAST`).
     """
@@ -366,6 +380,9 @@ def profile_graph(graph: fx.Graph, *, mode: Mode = "measure", cache: TimingCache
         raise ValueError(f"profile mode must be 'measure' or 'analytic', not {mode!r}")
     cache = cache if cache is not None else TimingCache()
     device = device_of(graph)
+    spec = None
+    if device.type == "meta":  # nothing can run: every op is costed analytically, for the device planned for
+        mode, spec = "analytic", planned_for()
     table = CostTable(cost_folder, device) if cost_folder is not None and mode == "measure" else None
     if table is not None:
         for sig, entry in table.load().items():
@@ -380,7 +397,7 @@ def profile_graph(graph: fx.Graph, *, mode: Mode = "measure", cache: TimingCache
         with caller_rng_kept(device):
             for node in progress(list(graph.nodes), desc="remat: profiling", unit="op"):
                 if node.op in ("placeholder", "call_function"):
-                    node.meta["remat"] = costs[node.name] = annotate(node, mode, device, cache, repeats)
+                    node.meta["remat"] = costs[node.name] = annotate(node, mode, device, cache, repeats, spec)
 
     # on remat's own thread: no profiler of the caller's sees the ops measured, nor slows them
     with adapter.MeasuringThread(device) as thread:

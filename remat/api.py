@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import weakref
@@ -11,7 +12,9 @@ from typing import Any, TypeVar
 import torch
 
 from remat.passes import torch_adapter as adapter
+from remat.passes.devices import DeviceSpec, device_spec, planning_for
 from remat.passes.partition import PlanComplete
+from remat.passes.torch_adapter.meta_capture import is_meta
 from remat.passes.torch_errors import capture_problem, without_interpreter_note
 
 from .backend import RematBackend, named_reports
@@ -174,7 +177,8 @@ def plan(model: Callable[..., Any], *inputs: Any, budget_gb: float | None = None
          time_limit_s: float = 30.0, profile: str = "measure", compiler: str = "inductor",
          headroom: float | None = None, plan_cache: bool | str = True,
          policy: Policy | str | None = None, checkpoint_regions: str = "recompute",
-         budget_scope: str = "auto", loss_fn: Callable[[Any], torch.Tensor] | None = None) -> Report:
+         budget_scope: str = "auto", loss_fn: Callable[[Any], torch.Tensor] | None = None,
+         device: str | DeviceSpec | None = None) -> Report:
     """Plan ``model(*inputs)`` under ``budget_gb`` and return the Report.
 
     No training step runs and no parameter, buffer or gradient changes:
@@ -186,19 +190,83 @@ def plan(model: Callable[..., Any], *inputs: Any, budget_gb: float | None = None
     e.g. ``lambda logits: F.cross_entropy(logits.flatten(0, 1), y.flatten())``). remat runs it and its
     backward once, on random outputs shaped like the model's, and counts what it allocates instead of the
     reservation made before a first step (see docs/budget.md).
+
+    A model and inputs on the meta device plan for ``device`` (a name from
+    ``remat.passes.devices.names()``, such as "h100-80gb", or a ``DeviceSpec``; None: this machine's
+    CPU) without allocating or running anything: sizes exact from shapes, times analytic, the whole
+    model captured as one graph (see docs/capacity.md).
     """
     options = Options.pick(locals())
+    return captured(model, inputs, options, loss_fn=loss_fn, device=device).reports[0]
+
+
+def captured(model: Callable[..., Any], inputs: tuple[Any, ...], options: Options, *,
+             loss_fn: Callable[[Any], torch.Tensor] | None = None,
+             device: str | DeviceSpec | None = None) -> RematBackend:
+    """The backend holding the plan of ``model(*inputs)``'s first graph (``remat.plan``'s capture)."""
+    if on_meta(model, inputs):
+        return captured_on_meta(model, inputs, options, device_spec(device or "cpu"), loss_fn)
+    if device is not None:
+        raise ValueError(f"device={device!r} plans a model on the meta device, and this one is not: move the "
+                         f"model and inputs with .to('meta') (nothing is allocated), or leave device out")
     backend = RematBackend(options, stop_after_plan=True, loss_fn=loss_fn)
+    capture(model, inputs, backend)
+    return backend
+
+
+def capture(model: Callable[..., Any], inputs: tuple[Any, ...], backend: RematBackend, *,
+            fullgraph: bool = False) -> None:
+    """Capture ``model(*inputs)`` until ``backend`` planned its first graph."""
     try:
-        torch.compile(model, backend=backend)(*inputs)
+        torch.compile(model, backend=backend, fullgraph=fullgraph)(*inputs)
     except Exception as exc:
         inner = adapter.unwrap_backend_error(exc) or exc
         if not isinstance(inner, PlanComplete):
-            explained = graph_error(exc)
+            explained = graph_error(exc) or (not_whole(exc) if fullgraph else None)
             if explained is not None:
                 raise explained from None
             raise inner from None
     if not backend.reports:
         raise ValueError("nothing to plan: the model produced no graph that needs a backward "
                          "(do its outputs require grad?)")
-    return backend.reports[0]
+
+
+def on_meta(model: Callable[..., Any], inputs: tuple[Any, ...]) -> bool:
+    """Whether the model's state or its inputs live on the meta device."""
+    state = [*model.parameters(), *model.buffers()] if isinstance(model, torch.nn.Module) else []
+    return is_meta((state, inputs))
+
+
+def captured_on_meta(model: Callable[..., Any], inputs: tuple[Any, ...], options: Options, spec: DeviceSpec,
+                     loss_fn: Callable[[Any], torch.Tensor] | None) -> RematBackend:
+    """Plan a meta model for ``spec``: captured whole (a graph break would leave part of the step
+    out), profiled analytically, no plan cache (its key knows no device spec)."""
+    if loss_fn is not None:
+        raise ValueError("loss_fn is measured by running it, which the meta device cannot: compute the "
+                         "loss inside the model's forward to plan it on meta")
+    options = dataclasses.replace(options, profile="analytic", plan_cache=False)
+    backend = RematBackend(options, stop_after_plan=True)
+    with planning_for(spec):
+        capture(model, inputs, backend, fullgraph=True)
+    graph_plan = backend.planner.plans[0]
+    graph_plan.problem.meta["device"] = f"meta:{spec.name}"
+    graph_plan.notes.append(
+        f"planned on the meta device for {spec.name}: sizes exact from shapes, times analytic (FLOPs and bytes "
+        f"over the device's peaks); the figures are the FX-level model"
+        + (": Inductor's program cannot be generated without running its code generation on the device, "
+           "so nothing accounts for it" if options.compiler == "inductor" else ""))
+    backend.built.clear()
+    return backend
+
+
+def not_whole(exc: BaseException) -> GraphError | None:
+    """A meta model dynamo could not capture as one graph, as a :class:`GraphError` naming why."""
+    if not adapter.is_graph_break(exc):
+        return None
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    reason = reason.replace("Consider annotating your code using torch._check*(). ", "").strip()
+    stack = getattr(exc, "real_stack", None) or []
+    where = f" at {stack[-1].filename}:{stack[-1].lineno} `{(stack[-1].line or '').strip()}`" if stack else ""
+    return GraphError(f"a model on the meta device must be captured as one graph, and this one cannot{where}: "
+                      f"{reason}. A data-dependent branch or .item() needs real values: move it out of the "
+                      f"model's forward, or plan on the real device")

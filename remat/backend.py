@@ -17,6 +17,8 @@ from remat.passes import torch_adapter as adapter
 from remat.solvers.errors import GraphError
 from remat.passes.eager_compiler import compile_eager
 from remat.passes import eager_parts, plan_cache, program_cache, rank_scope, ranks
+from remat.passes.devices import cpu_spec, planned_for
+from remat.passes.torch_adapter.meta_capture import captured_as_on, is_meta
 from remat.passes.fit import compile_fitted, compile_given, defer_min_feasible
 from remat.passes.partition import GraphPlan, PlanComplete, Planner
 
@@ -56,6 +58,9 @@ class RematBackend:
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         try:
+            if is_meta(example_inputs):  # traced as on the device planned for (passes/torch_adapter/meta_capture.py)
+                with captured_as_on((planned_for() or cpu_spec()).kind):
+                    return self.compile_graph(gm, example_inputs)
             return self.compile_graph(gm, example_inputs)
         except BaseException:
             eager_parts.abandon_open_windows()  # the step stops here: no backward will end them
@@ -113,7 +118,10 @@ class RematBackend:
         self.planner.input_names = self.planner.names_of_inputs(gm)  # the report's parameter names
         planned = len(self.planner.plans)
         with adapter.saved_values_chooser(self.planner.choose):
-            if self.options.compiler == "eager":
+            if self.options.compiler == "eager" or is_meta(example_inputs):
+                # on meta nothing can run, Inductor's code generation included: the plan is the
+                # FX-level model's (the problem still assumes Inductor's fusion when it compiles)
+                self.planner.stop_after_plan = self.stop_after_plan
                 return compile_eager(gm, example_inputs, on_graph=self.planner.on_graph)
             # what the plan depends on, known before tracing: where a whole program is stored
             key = program_cache.program_key(gm, example_inputs, self.planner) if programs else None

@@ -390,6 +390,13 @@ def register_backend(name: str, fn: Callable[..., Any]) -> None:
     registry.register_backend(name=name)(fn)
 
 
+def is_graph_break(exc: BaseException) -> bool:
+    """Whether dynamo raised ``exc`` because ``fullgraph=True`` met something it breaks the graph at."""
+    from torch._dynamo.exc import Unsupported, UserError
+
+    return isinstance(exc, (Unsupported, UserError))
+
+
 def unwrap_backend_error(exc: BaseException) -> BaseException | None:
     """The exception a backend raised, from inside dynamo's wrapper."""
     from torch._dynamo.exc import BackendCompilerFailed

@@ -1,0 +1,69 @@
+"""What fits: planning on the meta device for a named device, and the largest size under a budget."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import remat
+from remat import zoo
+from remat.passes.devices import DeviceSpec, device_spec
+
+
+@functools.cache
+def cpu_and_meta_plans(name: str) -> tuple[remat.Report, remat.Report]:
+    """The same 2-layer model planned on the CPU (analytic profile) and on meta for the "cpu" device."""
+    reports = []
+    for device in ("cpu", "meta"):
+        model, inputs = zoo.build(name, layers=2, device=device)
+        options = {"device": "cpu"} if device == "meta" else {"profile": "analytic"}
+        reports.append(remat.plan(model, *inputs, compiler="eager", plan_cache=False, **options))
+    return reports[0], reports[1]
+
+
+@pytest.mark.parametrize("name", ["gpt", "llama"])
+def test_meta_planning_captures_the_graph_the_cpu_does(name: str) -> None:
+    cpu, meta = cpu_and_meta_plans(name)
+    assert meta.joint_graph_steps == cpu.joint_graph_steps
+    assert len(meta.nodes) == len(cpu.nodes)
+    assert sum(r.decision == "backward" for r in meta.nodes) == sum(r.decision == "backward" for r in cpu.nodes) > 0
+    assert meta.store_all_peak_bytes == pytest.approx(cpu.store_all_peak_bytes, rel=0.01)
+    assert meta.min_feasible_bytes == pytest.approx(cpu.min_feasible_bytes, rel=0.01)
+    assert meta.min_feasible_bytes <= meta.store_all_peak_bytes
+    assert meta.device == "meta:cpu" and any("meta device" in note for note in meta.notes)
+
+
+def test_attention_on_meta_takes_the_named_device_kernel() -> None:
+    model, inputs = zoo.build("llama", layers=1, device="meta", dtype=torch.bfloat16)
+    ops = {row.op for row in remat.plan(model, *inputs, device="h100-80gb", compiler="eager").nodes}
+    assert "aten._scaled_dot_product_flash_attention.default" in ops
+    assert not any("flash_attention_for_cpu" in op for op in ops)
+
+
+def test_a_data_dependent_branch_on_meta_is_refused_naming_it() -> None:
+    class Branchy(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.linear(x)
+            if y.sum().item() > 0:
+                y = y * 2
+            return y.sum()
+
+    with pytest.raises(remat.GraphError, match=r"one graph.*y.sum\(\).item\(\) > 0"):
+        remat.plan(Branchy().to("meta"), torch.randn(4, 8, device="meta"), device="h100-80gb")
+
+
+def test_device_is_for_meta_models_and_named_ones() -> None:
+    model, inputs = zoo.build("mlp-dropout")
+    with pytest.raises(ValueError, match="meta device"):
+        remat.plan(model, *inputs, device="h100-80gb")
+    with pytest.raises(ValueError, match="unknown device 'h900'"):
+        device_spec("h900")
+    with pytest.raises(ValueError, match="positive"):
+        DeviceSpec(flops=0, bandwidth=1e12, memory_bytes=2**30)
+
