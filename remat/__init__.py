@@ -20,21 +20,22 @@ if _typing.TYPE_CHECKING:  # what the names resolve to, for type checkers and ed
     from . import policies, solvers
     from .api import compile, plan, reports
     from .budget import budget_bytes
+    from .capacity import fit
     from .errors import BudgetError, GraphError, PlanError, SolverUnavailable
     from .frontier import Frontier, sweep
     from .options import Options
     from .report import NodeRow, Report
 
 __all__ = ["BudgetError", "Frontier", "GraphError", "NodeRow", "Options", "PlanError", "Report", "SolverUnavailable",
-           "budget_bytes", "compile", "plan", "policies", "reports", "sweep"]
+           "budget_bytes", "compile", "fit", "plan", "policies", "reports", "sweep"]
 __version__ = "0.1.0"
 
 # Each public name -> the module that defines it ("" for the submodule of that name).
-_HOMES = {"compile": ".api", "plan": ".api", "reports": ".api", "budget_bytes": ".budget",
+_HOMES = {"compile": ".api", "plan": ".api", "reports": ".api", "budget_bytes": ".budget", "fit": ".capacity",
           "BudgetError": ".errors", "GraphError": ".errors", "PlanError": ".errors", "SolverUnavailable": ".errors",
           "Frontier": ".frontier", "sweep": ".frontier", "Options": ".options", "NodeRow": ".report",
           "Report": ".report", "policies": "", "solvers": ""}
-_NEED_TORCH = {"compile", "plan", "reports", "Frontier", "sweep", "policies"}  # they import torch
+_NEED_TORCH = {"compile", "fit", "plan", "reports", "Frontier", "sweep", "policies"}  # they import torch
 
 
 def __getattr__(name: str) -> _typing.Any:

@@ -67,3 +67,47 @@ def test_device_is_for_meta_models_and_named_ones() -> None:
     with pytest.raises(ValueError, match="positive"):
         DeviceSpec(flops=0, bandwidth=1e12, memory_bytes=2**30)
 
+
+TINY_GPT = {"layers": 1, "d_model": 32, "heads": 4, "seq": 16, "vocab": 64}
+
+
+def tiny_gpt(device: str) -> torch.nn.Module:
+    return zoo.build("gpt", device=device, **TINY_GPT)[0]
+
+
+def tokens(batch: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    shape = (batch, TINY_GPT["seq"])
+    return (torch.randint(TINY_GPT["vocab"], shape, device=device),
+            torch.randint(TINY_GPT["vocab"], shape, device=device))
+
+
+def test_the_batch_fit_predicts_on_meta_is_the_largest_that_runs_on_the_cpu() -> None:
+    from remat.measure import budget_peak
+
+    meta_model = tiny_gpt("meta")
+    # a budget one byte-step below what batch 6 needs: 5 is the largest that fits
+    at_six = remat.plan(meta_model, *tokens(6, "meta"), device="cpu", compiler="eager")
+    budget_gb = (at_six.min_feasible_bytes - 512) / 2**30
+    found = remat.fit(meta_model, lambda b: tokens(b, "meta"), budget_gb=budget_gb, low=4, device="cpu",
+                      compiler="eager")
+    assert found.size == 5 and found.captured == [4, 8, 6, 5]
+    assert [p.fits for p in found.curve] == [True, True, False, False]
+    assert found.report.predicted_peak_bytes <= found.report.budget_bytes
+    assert all(p.store_all_peak_bytes >= p.min_feasible_bytes for p in found.curve)
+    assert found.device == "meta:cpu" and "| 5 | yes |" in found.to_markdown()
+
+    model = tiny_gpt("cpu")
+    compiled = remat.compile(model, budget_gb=budget_gb, compiler="eager", plan_cache=False)
+    inputs = tokens(found.size, "cpu")
+    assert budget_peak(lambda: compiled(*inputs).backward(), model, inputs, "cpu") <= found.report.budget_bytes
+    with pytest.raises(remat.BudgetError):
+        compiled(*tokens(found.size + 1, "cpu")).backward()
+
+
+def test_fit_refuses_what_it_cannot_search() -> None:
+    with pytest.raises(ValueError, match="vary"):
+        remat.fit(tiny_gpt("meta"), lambda b: tokens(b, "meta"), budget_gb=1, vary="width")
+    with pytest.raises(ValueError, match="budget"):
+        remat.fit(tiny_gpt("meta"), lambda b: tokens(b, "meta"), budget_gb=None)
+    with pytest.raises(remat.BudgetError, match="batch=1 does not fit"):
+        remat.fit(tiny_gpt("meta"), lambda b: tokens(b, "meta"), budget_gb=1e-6, device="cpu", compiler="eager")
