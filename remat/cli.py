@@ -1,9 +1,10 @@
-"""The ``remat`` command: ``plan``, ``sweep`` and ``demo``.
+"""The ``remat`` command: ``plan``, ``sweep``, ``fit`` and ``demo``.
 
     remat plan gpt --layers 12 --budget-gb 0.5
     remat plan llama --set d_model=256 --compiler eager --json
     remat plan --module mypkg.models:make --budget-gb 4     # make() returns (model, inputs)
     remat sweep gpt --points 6 --out sweep/                 # sweep.json, sweep.md, sweep.png
+    remat fit llama --budget-gb 70 --vary seq --device h100-80gb   # planned on meta: nothing allocated
     remat demo --device cpu
 
 Every subcommand takes remat's options as flags declared once, with the options
@@ -213,6 +214,78 @@ def write_sweep(frontier: Frontier, out: Path) -> list[str]:
     return [str(out / name) for name in written]
 
 
+def cmd_fit(args: argparse.Namespace) -> None:
+    import json
+
+    import remat
+    from remat.passes.devices import device_spec
+
+    at_size = sized_models(args)
+    options = given(args)
+    if options["budget_gb"] is None:  # the whole device
+        options["budget_gb"] = device_spec(args.device).memory_bytes / 2 ** 30
+    found = remat.fit(lambda size: at_size(size)[0], lambda size: at_size(size)[1], vary=args.vary, low=args.low,
+                      high=args.high, device=args.device, **options)
+    print(json.dumps(found.to_dict(), indent=2) if args.json else
+          f"{found.to_markdown()}\n\nlargest {args.vary} that fits {options['budget_gb']:g} GiB on "
+          f"{found.device}: {found.size} (sizes captured: {', '.join(map(str, found.captured))})")
+    if args.out is not None:
+        print(f"wrote {', '.join(write_fit(found, Path(args.out)))}", file=sys.stderr if args.json else sys.stdout)
+
+
+def sized_models(args: argparse.Namespace) -> Any:
+    """size -> (model, inputs) on the meta device: a built-in model with its batch or seq set to the
+    size, or ``FACTORY(size)`` of ``--module`` (each built once)."""
+    import functools
+
+    import torch
+
+    from .zoo import build
+
+    if args.module and args.model:
+        raise UsageError(f"give a built-in model ({args.model!r}) or --module, not both")
+    if not args.module and not args.model:
+        raise UsageError(f"name a built-in model ({BUILT_IN}) or pass --module pkg.module:factory")
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    overrides = parse_overrides(args.set) | ({"layers": args.layers} if args.layers else {})
+
+    @functools.cache
+    def at_size(size: int) -> tuple[Any, tuple[Any, ...]]:
+        if args.module:
+            return check_made(args.module, load_callable(args.module)(size))
+        with torch.device("meta"):  # parameters made on meta: a 7B model allocates nothing
+            return build(args.model, device="meta", dtype=dtype, **{**overrides, args.vary: size})
+
+    return at_size
+
+
+def load_callable(spec: str) -> Any:
+    """``pkg.mod:name`` -> that callable."""
+    if not MODULE_SPEC.match(spec):
+        raise UsageError(f"--module takes pkg.module:factory, got {spec!r}")
+    module_name, name = spec.split(":")
+    found = getattr(importlib.import_module(module_name), name, None)
+    if not callable(found):
+        raise UsageError(f"module {module_name!r} has no callable {name!r}")
+    return found
+
+
+def write_fit(found: Any, out: Path) -> list[str]:
+    """fit.json, fit.md and (with matplotlib) fit.png in ``out``: the paths written."""
+    import json
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fit.json").write_text(json.dumps(found.to_dict(), indent=2) + "\n")
+    (out / "fit.md").write_text(found.to_markdown() + "\n")
+    written = ["fit.json", "fit.md"]
+    try:
+        found.plot().figure.savefig(out / "fit.png", dpi=120)
+        written.append("fit.png")
+    except ImportError as exc:
+        print(f"remat: no fit.png: {exc}", file=sys.stderr)
+    return [str(out / name) for name in written]
+
+
 def cmd_demo(args: argparse.Namespace) -> None:
     from .demo import run
 
@@ -255,6 +328,24 @@ def parser() -> argparse.ArgumentParser:
     output_arguments(sweep, what="frontier", timings=SWEEP_TIMINGS)
     add_flags(sweep, skip=SWEEP_SKIPS)
     sweep.set_defaults(run=cmd_sweep, renamed={"budget_gb": "--budgets-gb"})
+    fit = sub.add_parser("fit", help="the largest batch or sequence length whose step fits, planned on meta")
+    fit.add_argument("model", nargs="?", help=f"a built-in model (remat.zoo): {BUILT_IN}")
+    fit.add_argument("--module", metavar="PKG.MOD:FACTORY",
+                     help="your own model: FACTORY(size) returns (model, inputs) at that size, on the meta device")
+    fit.add_argument("--layers", type=int, metavar="N", help="depth of a built-in model")
+    fit.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                     help="any config field of a built-in model")
+    fit.add_argument("--device", default="cpu", help="the device planned for: h100-80gb, h200, a100-40gb, "
+                     "a100-80gb, l4 or cpu (default: cpu); --budget-gb defaults to its memory")
+    fit.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                     help="a built-in model's parameter dtype (default: float32)")
+    fit.add_argument("--vary", default="batch", choices=("batch", "seq"), help="what grows (default: batch)")
+    fit.add_argument("--low", type=int, default=1, metavar="N", help="the smallest size tried (default: 1)")
+    fit.add_argument("--high", type=int, metavar="N", help="the largest size tried (default: until refused)")
+    fit.add_argument("--out", metavar="DIR", help="write fit.json, fit.md and fit.png here")
+    output_arguments(fit, what="fit")
+    add_flags(fit)
+    fit.set_defaults(run=cmd_fit)
     demo_command = sub.add_parser("demo", help="plan and compile a GPT-style model under a budget")
     demo.arguments(demo_command)
     demo_command.set_defaults(run=cmd_demo)

@@ -111,3 +111,18 @@ def test_fit_refuses_what_it_cannot_search() -> None:
         remat.fit(tiny_gpt("meta"), lambda b: tokens(b, "meta"), budget_gb=None)
     with pytest.raises(remat.BudgetError, match="batch=1 does not fit"):
         remat.fit(tiny_gpt("meta"), lambda b: tokens(b, "meta"), budget_gb=1e-6, device="cpu", compiler="eager")
+
+
+def test_remat_fit_on_the_command_line(capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from remat import cli
+
+    argv = ["fit", "mlp-dropout", "--budget-gb", "1", "--device", "a100-40gb", "--low", "8", "--high", "16",
+            "--compiler", "eager", "--json", "--out", str(tmp_path)]
+    assert cli.main(argv) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["size"] == 16 and found["captured"] == [8, 16] and found["device"] == "meta:a100-40gb"
+    assert (tmp_path / "fit.md").read_text().startswith("| batch | fits |")
+    assert cli.main(["fit", "--vary", "seq"]) == 2
+    assert "name a built-in model" in capsys.readouterr().err
