@@ -126,3 +126,24 @@ def test_remat_fit_on_the_command_line(capsys, tmp_path) -> None:  # type: ignor
     assert (tmp_path / "fit.md").read_text().startswith("| batch | fits |")
     assert cli.main(["fit", "--vary", "seq"]) == 2
     assert "name a built-in model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module", ["remat.capacity", "remat.passes.devices"])
+def test_docstring_examples(module: str) -> None:
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_the_7b_bench_plans_one_layer_of_its_shape_on_meta() -> None:
+    from bench import capacity
+
+    row = capacity.run(1, "h100-80gb", 80.0, 30.0)
+    model, _ = capacity.meta_llama(**{**capacity.LLAMA_7B, "layers": 1})
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert row["device"] == "meta:h100-80gb" and row["steps"] > 0
+    assert row["store_all"] >= 2 * weights  # parameters and their gradients, at the least
+    assert row["min_feasible"] <= row["at_budget"] <= 80 * 2**30
+    assert "| planner's peak RSS |" in capacity.markdown(row, "python -m bench.capacity --layers 1")
