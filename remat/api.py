@@ -232,9 +232,10 @@ def capture(model: Callable[..., Any], inputs: tuple[Any, ...], backend: RematBa
 
 
 def on_meta(model: Callable[..., Any], inputs: tuple[Any, ...]) -> bool:
-    """Whether the model's state or its inputs live on the meta device."""
-    state = [*model.parameters(), *model.buffers()] if isinstance(model, torch.nn.Module) else []
-    return is_meta((state, inputs))
+    """Whether the model's parameters or its inputs live on the meta device (a buffer alone does not
+    decide: a model may hold one there that its forward never reads)."""
+    params = list(model.parameters()) if isinstance(model, torch.nn.Module) else []
+    return is_meta((params, inputs))
 
 
 def captured_on_meta(model: Callable[..., Any], inputs: tuple[Any, ...], options: Options, spec: DeviceSpec,
@@ -244,6 +245,10 @@ def captured_on_meta(model: Callable[..., Any], inputs: tuple[Any, ...], options
     if loss_fn is not None:
         raise ValueError("loss_fn is measured by running it, which the meta device cannot: compute the "
                          "loss inside the model's forward to plan it on meta")
+    if any(torch.is_autocast_enabled(kind) for kind in ("cpu", "cuda")):
+        raise ValueError("autocast does not reach meta tensors (torch has no autocast for the meta device), so "
+                         "the plan would be full precision's: plan outside autocast with the model in the dtype "
+                         "it trains in (model.to(torch.bfloat16)), or plan on the real device")
     options = dataclasses.replace(options, profile="analytic", plan_cache=False)
     backend = RematBackend(options, stop_after_plan=True)
     with planning_for(spec):

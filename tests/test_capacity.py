@@ -62,55 +62,64 @@ def test_device_is_for_meta_models_and_named_ones() -> None:
     model, inputs = zoo.build("mlp-dropout")
     with pytest.raises(ValueError, match="meta device"):
         remat.plan(model, *inputs, device="h100-80gb")
+    meta_model, meta_inputs = zoo.build("mlp-dropout", device="meta")
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(ValueError, match="autocast does not reach"):
+        remat.plan(meta_model, *meta_inputs, device="h100-80gb")
     with pytest.raises(ValueError, match="unknown device 'h900'"):
         device_spec("h900")
     with pytest.raises(ValueError, match="positive"):
         DeviceSpec(flops=0, bandwidth=1e12, memory_bytes=2**30)
 
 
-TINY_GPT = {"layers": 1, "d_model": 32, "heads": 4, "seq": 16, "vocab": 64}
+TINY_GPT = {"layers": 1, "d_model": 32, "heads": 4, "vocab": 64}
 
 
-def tiny_gpt(device: str) -> torch.nn.Module:
-    return zoo.build("gpt", device=device, **TINY_GPT)[0]
+def tiny_gpt(device: str, batch: int = 4, seq: int = 16) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """The tiny GPT and its tokens at ``batch`` and ``seq`` (its position table sized by ``seq``)."""
+    with torch.device(device):
+        return zoo.build("gpt", device=device, batch=batch, seq=seq, **TINY_GPT)
 
 
-def tokens(batch: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    shape = (batch, TINY_GPT["seq"])
-    return (torch.randint(TINY_GPT["vocab"], shape, device=device),
-            torch.randint(TINY_GPT["vocab"], shape, device=device))
-
-
-def test_the_batch_fit_predicts_on_meta_is_the_largest_that_runs_on_the_cpu() -> None:
+@pytest.mark.parametrize(("vary", "low", "tried"), [("batch", 4, [4, 8, 6, 5]), ("seq", 16, [16, 32, 24, 20, 22, 23])])
+def test_the_size_fit_predicts_on_meta_is_the_largest_that_runs_on_the_cpu(vary: str, low: int,
+                                                                              tried: list[int]) -> None:
     from remat.measure import budget_peak
 
-    meta_model = tiny_gpt("meta")
-    # a budget one byte-step below what batch 6 needs: 5 is the largest that fits
-    at_six = remat.plan(meta_model, *tokens(6, "meta"), device="cpu", compiler="eager")
-    budget_gb = (at_six.min_feasible_bytes - 512) / 2**30
-    found = remat.fit(meta_model, lambda b: tokens(b, "meta"), budget_gb=budget_gb, low=4, device="cpu",
-                      compiler="eager")
-    assert found.size == 5 and found.captured == [4, 8, 6, 5]
-    assert [p.fits for p in found.curve] == [True, True, False, False]
+    def at(size: int, device: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+        return tiny_gpt(device, **{vary: size})
+
+    # a budget just below what the last size tried needs: the one before it is the largest that fits
+    model, inputs = at(tried[-1] + 1, "meta")
+    refused = remat.plan(model, *inputs, device="cpu", compiler="eager")
+    budget_gb = (refused.min_feasible_bytes - 512) / 2**30
+    found = remat.fit(lambda n: at(n, "meta")[0], lambda n: at(n, "meta")[1], budget_gb=budget_gb, vary=vary,
+                      low=low, device="cpu", compiler="eager")
+    assert found.size == tried[-1] and found.captured == tried
+    assert [p.fits for p in found.curve] == [p.size <= found.size for p in found.curve]
     assert found.report.predicted_peak_bytes <= found.report.budget_bytes
     assert all(p.store_all_peak_bytes >= p.min_feasible_bytes for p in found.curve)
-    assert found.device == "meta:cpu" and "| 5 | yes |" in found.to_markdown()
+    assert found.device == "meta:cpu" and f"| {found.size} | yes |" in found.to_markdown()
 
-    model = tiny_gpt("cpu")
+    model, inputs = at(found.size, "cpu")
     compiled = remat.compile(model, budget_gb=budget_gb, compiler="eager", plan_cache=False)
-    inputs = tokens(found.size, "cpu")
     assert budget_peak(lambda: compiled(*inputs).backward(), model, inputs, "cpu") <= found.report.budget_bytes
+    model, inputs = at(found.size + 1, "cpu")
     with pytest.raises(remat.BudgetError):
-        compiled(*tokens(found.size + 1, "cpu")).backward()
+        remat.compile(model, budget_gb=budget_gb, compiler="eager", plan_cache=False)(*inputs).backward()
 
 
 def test_fit_refuses_what_it_cannot_search() -> None:
+    model = tiny_gpt("meta")[0]
+
+    def tokens(batch: int) -> tuple[torch.Tensor, ...]:
+        return tiny_gpt("meta", batch=batch)[1]
+
     with pytest.raises(ValueError, match="vary"):
-        remat.fit(tiny_gpt("meta"), lambda b: tokens(b, "meta"), budget_gb=1, vary="width")
+        remat.fit(model, tokens, budget_gb=1, vary="width")
     with pytest.raises(ValueError, match="budget"):
-        remat.fit(tiny_gpt("meta"), lambda b: tokens(b, "meta"), budget_gb=None)
+        remat.fit(model, tokens, budget_gb=None)
     with pytest.raises(remat.BudgetError, match="batch=1 does not fit"):
-        remat.fit(tiny_gpt("meta"), lambda b: tokens(b, "meta"), budget_gb=1e-6, device="cpu", compiler="eager")
+        remat.fit(model, tokens, budget_gb=1e-6, device="cpu", compiler="eager")
 
 
 def test_remat_fit_on_the_command_line(capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
