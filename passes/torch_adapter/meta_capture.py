@@ -86,14 +86,15 @@ def cpu_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
 
 def cuda_choice(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, enable_gqa: bool) -> int:
     """The kernel torch picks on a recent NVIDIA GPU, from its main constraints: flash attention
-    for 16-bit inputs without a mask, head dimension a multiple of 8 up to 256 and as many key as
-    query heads; memory-efficient attention otherwise, up to a head dimension of 512."""
+    for 16-bit inputs without a mask and a head dimension a multiple of 8 up to 256 (it takes
+    grouped-query heads); memory-efficient attention otherwise, up to a head dimension of 512 with
+    as many key as query heads. (On Hopper torch may prefer cuDNN attention, which saves what
+    flash saves: the output and its log-sum-exp.)"""
     head_dim = int(q.shape[-1])
-    same_heads = not enable_gqa or int(q.shape[-3]) == int(k.shape[-3])
-    if q.dtype in (torch.float16, torch.bfloat16) and mask is None and head_dim % 8 == 0 \
-            and head_dim <= 256 and same_heads:
+    grouped = enable_gqa and int(q.shape[-3]) != int(k.shape[-3])
+    if q.dtype in (torch.float16, torch.bfloat16) and mask is None and head_dim % 8 == 0 and head_dim <= 256:
         return FLASH
-    return EFFICIENT if head_dim % 8 == 0 and head_dim <= 512 and same_heads else MATH
+    return EFFICIENT if head_dim % 8 == 0 and head_dim <= 512 and not grouped else MATH
 
 
 def fused_attention(kind: str) -> Any:
