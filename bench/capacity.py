@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> None:
     suffix = "" if args.layers == LLAMA_7B["layers"] else f"-{args.layers}l"
     path = pathlib.Path(args.out) / f"{dt.date.today().isoformat()}-capacity-7b{suffix}.md"
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = markdown(row, " ".join(["python -m bench.capacity", shlex.join(sys.argv[1:] if argv is None else argv)]).strip())
+    given = shlex.join(sys.argv[1:] if argv is None else argv)
+    text = markdown(row, f"python -m bench.capacity {given}".strip())
     path.write_text(text)
     print(text)
     print(f"wrote {path}")

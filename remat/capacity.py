@@ -73,7 +73,8 @@ class Fit:
         for p in self.curve:
             rows.append(f"| {p.size} | {'yes' if p.fits else 'no'} | {format_bytes(p.min_feasible_bytes)} "
                         f"| {cell(p.remat_peak_bytes, format_bytes)} | {cell(p.remat_added_seconds, ms)} "
-                        f"| {format_bytes(p.store_all_peak_bytes)} | {cell(p.checkpoint_blocks_peak_bytes, format_bytes)} "
+                        f"| {format_bytes(p.store_all_peak_bytes)} "
+                        f"| {cell(p.checkpoint_blocks_peak_bytes, format_bytes)} "
                         f"| {cell(p.checkpoint_blocks_added_seconds, ms)} |")
         return "\n".join(rows)
 
@@ -128,7 +129,7 @@ def fit(model: torch.nn.Module | Callable[[int], torch.nn.Module], make_inputs: 
             points[size] = point_at(size, model, make_inputs, base_options, chosen.budget_bytes, device)
         return points[size][0].fits
 
-    best, refused = search(tried, low, high)
+    best, _ = search(tried, low, high)
     if best is None:
         p = points[low][0]
         raise BudgetError(f"{vary}={low} does not fit {budget_gb} GiB: remat's smallest peak there is "
