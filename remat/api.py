@@ -257,9 +257,9 @@ def captured_on_meta(model: Callable[..., Any], inputs: tuple[Any, ...], options
     graph_plan.problem.meta["device"] = f"meta:{spec.name}"
     graph_plan.notes.append(
         f"planned on the meta device for {spec.name}: sizes exact from shapes, times analytic (FLOPs and bytes "
-        f"over the device's peaks); the figures are the FX-level model"
-        + (": Inductor's program cannot be generated without running its code generation on the device, "
-           "so nothing accounts for it" if options.compiler == "inductor" else ""))
+        f"over the device's peaks); every figure is the FX-level model"
+        + (" (with Inductor's fusion): the program Inductor generates for meta inputs is not the device's "
+           "(it computes nothing), so none is accounted for" if options.compiler == "inductor" else ""))
     backend.built.clear()
     return backend
 
