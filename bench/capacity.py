@@ -64,7 +64,8 @@ def run(layers: int, device: str, budget_gb: float, time_limit_s: float) -> dict
     at_budget = None if isinstance(at, BudgetError) else report_of(at)
     budget_s = time.perf_counter() - t0
     blocks = (base.peer_rules or {}).get("checkpoint-blocks") or {}
-    return {"layers": layers, "device": base.device, "steps": base.joint_graph_steps, "candidates": base.candidates,
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    return {"layers": layers, "device": base.device, "weights": weights, "steps": base.joint_graph_steps, "candidates": base.candidates,
             "timings": {**base.timings, "smallest-peak solve": min_feasible_s, "solve at budget": budget_s},
             "planned_seconds": planned_s, "peak_rss_bytes": peak_rss_bytes(), "budget_gb": budget_gb,
             "store_all": base.store_all_peak_bytes, "checkpoint_blocks": blocks.get("peak_bytes"),
@@ -89,6 +90,7 @@ def markdown(row: dict[str, Any], command: str) -> str:
         f"| joint-graph steps | {row['steps']} |", f"| keep/recompute candidates | {row['candidates']} |",
         f"| capture, profile and first solve | {row['planned_seconds']:.1f} s |",
         f"| planner's peak RSS | {format_bytes(row['peak_rss_bytes'])} |",
+        f"| parameters and their gradients (held at every peak) | {size(2 * row['weights'])} |",
         f"| store-all peak | {size(row['store_all'])} |",
         f"| checkpoint per block peak | {size(row['checkpoint_blocks'])} |",
         f"| remat smallest feasible peak | {size(row['min_feasible'])} (exact: {row['min_feasible_exact']}) |",
