@@ -137,7 +137,7 @@ def test_remat_fit_on_the_command_line(capsys, tmp_path) -> None:  # type: ignor
     assert "name a built-in model" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("module", ["remat.capacity", "remat.passes.devices"])
+@pytest.mark.parametrize("module", ["remat.capacity", "remat.passes.devices", "bench.capacity"])
 def test_docstring_examples(module: str) -> None:
     import doctest
     import importlib
@@ -146,13 +146,14 @@ def test_docstring_examples(module: str) -> None:
     assert result.attempted > 0 and result.failed == 0
 
 
-def test_the_7b_bench_plans_one_layer_of_its_shape_on_meta() -> None:
+@pytest.mark.parametrize("shape", ["7b", "70b"])
+def test_the_bench_plans_one_layer_of_each_shape_on_meta(shape: str) -> None:
     from bench import capacity
 
-    row = capacity.run(1, "h100-80gb", 80.0, 30.0)
-    model, _ = capacity.meta_llama(**{**capacity.LLAMA_7B, "layers": 1})
+    row = capacity.run(1, "h100-80gb", 80.0, 30.0, shape)
+    model, _ = capacity.meta_llama(**{**capacity.SHAPES[shape], "layers": 1})
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    assert row["device"] == "meta:h100-80gb" and row["steps"] > 0
+    assert row["device"] == "meta:h100-80gb" and row["steps"] > 0 and row["weights"] == weights
     assert row["store_all"] >= 2 * weights  # parameters and their gradients, at the least
     assert row["min_feasible"] <= row["at_budget"] <= 80 * 2**30
     assert "| planner's peak RSS |" in capacity.markdown(row, "python -m bench.capacity --layers 1")
