@@ -139,8 +139,9 @@ def markdown(row: dict[str, Any], command: str) -> str:
         f"| store-all peak | {size(row['store_all'])} |",
         f"| checkpoint per block peak | {size(row['checkpoint_blocks'])} |",
         f"| remat smallest feasible peak | {size(row['min_feasible'])} (exact: {row['min_feasible_exact']}) |",
-        f"| remat at {row['budget_gb']:g} GiB | {size(row['at_budget'])} |",
-        f"| ILP status, gap at {row['budget_gb']:g} GiB | {row['status']}, {gap} |", "",
+        *([f"| remat at {row['budget_gb']:g} GiB | {size(row['at_budget'])} |",
+           f"| ILP status, gap at {row['budget_gb']:g} GiB | {row['status']}, {gap} |"] if row["at_budget"] is not None
+          else [f"| remat at {row['budget_gb']:g} GiB | refused: below the smallest feasible peak |"]), "",
         f"Timings: {timings}.", "",
         *(f"- {note}" for note in row["notes"]), ""])
 
