@@ -454,8 +454,8 @@ def scope_note(scope: RankScope | None, world_size: int, budget_scope: str) -> s
         eager = (f"{format_bytes(scope.eager_bytes)} reserved for the eager code after the graph (three times its "
                  "outputs that a backward reaches: a loss outside the model), measured on the first step and counted from "
                  "the next" if scope.eager_reserved else
-                 f"{format_bytes(scope.eager_bytes)} of eager code after the graph (a loss outside the model), "
-                 "measured on the first step")
+                 f"{format_bytes(scope.eager_bytes)} of eager code after the graph (such as a loss computed outside "
+                 "the model), measured on the first step")
         return f"{STEP_NOTE}{eager}"
     if scope is not None:
         return (f"the budget bounds the rank's step ({scope.wrapper}): counted {format_bytes(scope.resident_bytes)} "

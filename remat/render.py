@@ -198,9 +198,10 @@ def scope_rows(report: Report, fb: Unit) -> list[tuple[str, str]]:
         return []  # nothing outside the graph was counted
     if report.budget_scope == "step":
         eager = "reserved" if report.eager_reserved else "measured"
-        return [("counted outside the graph", f"{fb(report.eager_bytes)} for the code after it ({eager}: a loss "
-                 f"outside the model), {fb(report.resident_bytes + report.other_state_bytes)} of model state it "
-                 f"does not read, {fb(report.graphs_bytes)} held by other graphs")]
+        state = fb(report.resident_bytes + report.other_state_bytes)
+        return [("counted outside the graph", f"{fb(report.eager_bytes)} for the code after it ({eager}; a loss "
+                 f"computed outside the model, for one), {state} of model state it does not read, "
+                 f"{fb(report.graphs_bytes)} held by other graphs")]
     if report.budget_scope == "rank":
         return [("counted outside the graph", f"{fb(report.resident_bytes)} resident, {fb(report.comm_bytes)} "
                  f"communication, {fb(report.copies_kept_bytes)} kept by {report.kept_copies} other copies, "
