@@ -20,6 +20,7 @@ non-tensor arguments) instead of being measured again.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -321,7 +322,8 @@ def op_cost(node: fx.Node, mode: Mode, device: torch.device, cache: TimingCache,
     # an analytic profile never reads a measured entry (the process-wide cache holds both):
     # the same graph must cost the same whatever was measured before it; nor one costed
     # for another device
-    key = cache_key(node) if mode == "measure" else ("analytic", spec, *cache_key(node))
+    # (the spec as plain data: the process-wide cache's keys are written to the cost table as JSON)
+    key = cache_key(node) if mode == "measure" else ("analytic", spec and dataclasses.astuple(spec), *cache_key(node))
     if key in cache.entries:
         cache.hits += 1
         return cache.entries[key]
@@ -403,6 +405,7 @@ def profile_graph(graph: fx.Graph, *, mode: Mode = "measure", cache: TimingCache
     with adapter.MeasuringThread(device) as thread:
         thread.run(annotate_all)
     if table is not None:
-        table.store({signature(key): entry for key, entry in cache.entries.items()})
+        # measured costs only: the table is this device's measurements (analytic ones are recomputed)
+        table.store({signature(key): entry for key, entry in cache.entries.items() if key[:1] != ("analytic",)})
     log.debug("profiled %d nodes, %d cache hits", len(costs), cache.hits)
     return costs

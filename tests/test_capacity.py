@@ -42,6 +42,17 @@ def test_attention_on_meta_takes_the_named_device_kernel() -> None:
     assert not any("flash_attention_for_cpu" in op for op in ops)
 
 
+def test_costs_for_a_named_device_leave_the_measured_cost_table_writable(tmp_path) -> None:
+    # analytic costs for a DeviceSpec share the process's timing cache with measured ones: a later
+    # measured plan writes its cost table (JSON) without them
+    meta_model, meta_inputs = zoo.build("mlp-dropout", device="meta")
+    remat.plan(meta_model, *meta_inputs, device=DeviceSpec(flops=1e14, bandwidth=1e12, memory_bytes=2**34),
+               compiler="eager")
+    model, inputs = zoo.build("mlp-dropout")
+    remat.plan(model, *inputs, compiler="eager", plan_cache=str(tmp_path))
+    assert list((tmp_path / "costs").iterdir())
+
+
 def test_a_data_dependent_branch_on_meta_is_refused_naming_it() -> None:
     class Branchy(torch.nn.Module):
         def __init__(self) -> None:
