@@ -54,7 +54,7 @@ def node_kind(node: fx.Node) -> str:
         return "tuple"
     if adapter.aten_packet(node) in REDUCTIONS:
         return "reduction"
-    if adapter.OP_TYPES.is_fusible(node):
+    if adapter.inductor_generates_pointwise(node):
         return "pointwise"
     return "other"
 

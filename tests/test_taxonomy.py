@@ -50,3 +50,20 @@ def test_selective_checkpointing_keeps_matmul_class_outputs_only() -> None:
     assert taxonomy.saved_by_selective(aten.mm.default) and taxonomy.saved_by_selective(aten.convolution.default)
     assert taxonomy.saved_by_selective(aten._scaled_dot_product_flash_attention_for_cpu.default)
     assert not taxonomy.saved_by_selective(aten.relu.default) and not taxonomy.saved_by_selective(aten.sum.default)
+
+
+def test_the_profiles_kind_and_the_reports_category_agree_on_inductors_pointwise_ops() -> None:
+    """Inductor decomposes ``_softmax_backward_data`` into ``prims.fma``: one op, one answer. Were
+    it "other" to the profiler, the temporary it allocates when measured alone would be counted as
+    scratch of a kernel Inductor writes no buffer for (T5's account was 512 KiB high for two)."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    def softmax_backward(grad, out):  # type: ignore[no-untyped-def]
+        return torch.ops.aten._softmax_backward_data(grad, out, -1, torch.float32)
+
+    gm = make_fx(softmax_backward, decomposition_table=select_decomp_table())(torch.randn(4, 8), torch.randn(4, 8))
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    assert any(n.target is torch.ops.prims.fma.default for n in nodes)
+    for node in nodes:
+        if taxonomy.node_category(node) == "pointwise":
+            assert taxonomy.node_kind(node) == "pointwise", node.target

@@ -371,6 +371,19 @@ def inductor_random_prims() -> frozenset[Any]:
     return frozenset(op for op in (getattr(torch.ops.prims, n, None) for n in names) if op is not None)
 
 
+def inductor_generates_pointwise(node: fx.Node) -> bool:
+    """A pointwise op Inductor writes into a kernel: the partitioner's fusible list, or an op
+    tagged pointwise that Inductor lowers (its decompositions emit prims such as ``prims.fma``,
+    from ``_softmax_backward_data``, which the partitioner's list does not name)."""
+    if OP_TYPES.is_fusible(node):
+        return True
+    target = node.target
+    if node.op != "call_function" or torch.Tag.pointwise not in getattr(target, "tags", ()):
+        return False
+    from torch._inductor import lowering
+    return target in lowering.lowerings
+
+
 def random_op_targets() -> frozenset[Any]:
     """Ops whose recomputation would draw fresh random numbers."""
     return frozenset(OP_TYPES.random_ops) | inductor_random_prims()
