@@ -49,9 +49,14 @@ class ProgramMiss(Exception):
     when torch's partitioner is reached instead: the cache did not have it."""
 
 
-class NotFaster(Exception):
-    """Stops a compile at the partitioner when its plan is not faster than ``Planner.faster_than``
-    (the fitting loop's looser plan, ``passes/fit.py``): Inductor would compile it for nothing."""
+class Unwanted(Exception):
+    """Stops a compile at the partitioner when ``Planner.wanted`` turns its plan down (the fitting
+    loop, ``passes/fit.py``: a looser plan not faster, a plan whose program was compiled already):
+    Inductor would compile it for nothing. Carries the plan, which was not kept."""
+
+    def __init__(self, plan: GraphPlan) -> None:
+        super().__init__("plan not wanted")
+        self.plan = plan
 
 
 @dataclass(eq=False)
@@ -217,9 +222,12 @@ class Planner:
         # Off while plans are compiled only to measure them (passes/fit.py): the plan cache
         # keeps the plan that fitted the budget, never a fall-back made for a figure.
         self.storing = True
-        # The added seconds a plan must come under, or its compile stops (NotFaster): the fitting
-        # loop's looser plan is compiled only where the model predicts it enough faster
-        self.faster_than: float | None = None
+        # Set by the fitting loop: whether a plan just made is to be compiled, or its compile stopped
+        # (Unwanted): a looser plan not predicted enough faster, a plan whose program is known already
+        self.wanted: Callable[[GraphPlan], bool] | None = None
+        # the peak of each decision's program compiled for this planner (passes/fit.py): one is not
+        # compiled twice to learn it
+        self.program_peaks: dict[tuple, int] = {}
         # A plan made already, to hand out again at the next call (its graph compiled once more)
         self.replay: GraphPlan | None = None
         # True while a compile is to load its program whole (passes/program_cache.py): reaching
@@ -269,8 +277,8 @@ class Planner:
             plan = self.plan_given(joint_graph, node_info, forward)
         else:
             plan = self.local_plan(joint_graph, node_info, forward, specialized)
-            if self.faster_than is not None and plan.solution.added_seconds >= self.faster_than:
-                raise NotFaster
+            if self.wanted is not None and not self.wanted(plan):
+                raise Unwanted(plan)
         plan.node_order = [n.name for n in joint_graph.nodes]
         plan.names = names_of(joint_graph, self.input_names)  # read from this graph: a cached plan's may differ
         if self.request.compiler == "inductor":  # the adds whose matmul Inductor must not fold (passes/problem.py)

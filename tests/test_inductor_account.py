@@ -10,6 +10,7 @@ from remat import zoo
 from remat.measure import budget_peak
 from bench import hf_models
 from remat.passes import fit, problem
+from remat.passes.fit import compile_once
 from remat.passes import inductor_account as account
 from remat.passes import torch_adapter as adapter
 from remat.errors import GIB
@@ -100,11 +101,14 @@ def test_the_smallest_feasible_budget_from_plan_is_accepted() -> None:
 
 
 @pytest.mark.parametrize("name", ["gpt", "llama"])
-def test_one_byte_below_the_smallest_feasible_budget_is_refused(name: str) -> None:
+def test_one_byte_below_the_smallest_feasible_budget_is_refused(name: str, monkeypatch) -> None:
     """Under Inductor ``min_feasible_bytes`` is a budget ``remat.compile`` accepts, its program's
-    measured peak within it, and one byte less raises ``BudgetError`` naming it. (Analytic costs,
-    so that every compile plans from the same costs. On the Llama-style model the plan accepted
-    at that budget peaks below it: a tightened plan, not one of the two fall-backs.)"""
+    measured peak within it, and one byte less raises ``BudgetError`` naming it, after at most
+    four programs (five before on the GPT: the same program peak three times, then the fastest
+    plan's, 23 % above): tightened plans while they make headway, the smallest-peak plan's, and the
+    fastest plan's only where the model puts it near. (Analytic costs, so that every compile plans from the same costs. On the
+    Llama-style model the plan accepted at that budget peaks below it: a tightened plan, not one
+    of the two fall-backs.)"""
     model, inputs = zoo.build(name, **SIZES[name])
     options = {"profile": "analytic", "plan_cache": False}
     low = remat.plan(model, *inputs, **options).min_feasible_bytes
@@ -114,10 +118,13 @@ def test_one_byte_below_the_smallest_feasible_budget_is_refused(name: str) -> No
     assert remat.reports(compiled)[0].budget_bytes == low
     assert measured_peak(model, compiled, inputs) <= low
     torch._dynamo.reset()
+    programs = []
+    monkeypatch.setattr(fit, "compile_once", lambda *args: programs.append(compile_once(*args)) or programs[-1])
     below = remat.compile(model, budget_gb=(low - 1) / GIB, **options)
     with pytest.raises(remat.BudgetError) as caught:
         below(*inputs)
     assert caught.value.budget_bytes == low - 1 and caught.value.min_feasible_bytes == low
+    assert len(programs) <= 4, [peak for _, _, peak in programs]
 
 
 @pytest.mark.skipif(not hf_models.available(), reason="transformers is not installed")
@@ -226,3 +233,18 @@ def test_extern_kernel_scratch_counts_only_while_it_runs() -> None:
 def test_cuda_allocations_round_up_to_512_bytes() -> None:
     assert account.rounded(("alloc", "buf0", 513), 512) == ("alloc", "buf0", 1024)
     assert account.rounded(("alloc", "buf0", 513), 1) == ("alloc", "buf0", 513)
+
+
+def test_a_budget_below_every_plan_is_refused_when_the_fastest_plan_is_the_smallest_too(monkeypatch) -> None:
+    """On a GPT this small recomputing saves nothing: the fastest plan is the smallest-peak plan. The
+    fitting loop asks for each fall-back once and refuses after two programs (it asked for the fastest
+    plan again and again, without end, when that plan counted as the smallest only)."""
+    model, inputs = zoo.build("gpt", layers=2, d_model=32, heads=8, seq=16, vocab=1024)
+    programs = []
+    monkeypatch.setattr(fit, "compile_once", lambda *args: programs.append(compile_once(*args)) or programs[-1])
+    torch._dynamo.reset()
+    compiled = remat.compile(model, budget_gb=1 / GIB, profile="analytic", plan_cache=False)
+    with pytest.raises(remat.BudgetError) as caught:
+        compiled(*inputs)
+    assert caught.value.budget_bytes == 1 and len(programs) <= 2
+    assert caught.value.min_feasible_bytes >= min(peak for _, _, peak in programs)
