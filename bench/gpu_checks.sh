@@ -42,11 +42,13 @@ check() {  # check NAME SECONDS COMMAND...
     [ "$rc" -eq 0 ] || failed+=("$name")
 }
 
-check pytest-cuda 110 $py -m pytest -q -m cuda -o pythonpath= --import-mode=append tests/test_cuda.py
-check budgets 150 $py -m bench.budgets --device cuda --set layers=4 --steps 5 --out "$results"
-check side-by-side 200 $py -m bench --device cuda --models gpt --set layers=4 --warmup 2 --steps 5 \
-    --peers "compile default" "checkpoint per block" "budget 0.5 (dp)" "selective" --no-sweep --max-minutes 3 \
+check pytest-cuda 100 $py -m pytest -q -m cuda -o addopts= -o pythonpath= --import-mode=append tests/test_cuda.py
+check budgets 130 $py -m bench.budgets --device cuda --set layers=4 --steps 5 --out "$results"
+check side-by-side 170 $py -m bench --device cuda --models gpt --set layers=4 --warmup 2 --steps 5 \
+    --peers "compile default" "checkpoint per block" "budget 0.5 (dp)" "selective" --no-sweep --max-minutes 2.5 \
     --out "$results"
+# the meta plan of a 7B-shaped model (one layer, seq 2048) against the same model on this GPU
+check capacity 80 $py -m bench.capacity_gpu --layers 1 --seq 2048 --out "$results"
 
 if [ ${#failed[@]} -gt 0 ]; then
     echo "failed: ${failed[*]}"

@@ -168,3 +168,15 @@ def test_the_bench_plans_one_layer_of_each_shape_on_meta(shape: str) -> None:
     assert row["store_all"] >= 2 * weights  # parameters and their gradients, at the least
     assert row["min_feasible"] <= row["at_budget"] <= 80 * 2**30
     assert "| planner's peak RSS |" in capacity.markdown(row, "python -m bench.capacity --layers 1")
+
+
+def test_the_gpu_check_compares_what_meta_planning_promises() -> None:
+    from bench.capacity_gpu import compare
+
+    cpu, meta = cpu_and_meta_plans("llama")
+    rows = compare(meta, cpu)
+    assert [name for name, *_ in rows] == ["joint-graph nodes", "backward nodes", "attention kernel",
+                                           "store-all peak", "smallest feasible peak"]
+    assert all(same for *_, same in rows), rows
+    assert "flash_attention" in rows[2][1]
+    assert not all(same for *_, same in compare(meta, cpu_and_meta_plans("gpt")[0]))
