@@ -696,9 +696,8 @@ def compiled_set(program: str, forward: Lowered, backward: Lowered, workspace: d
 
 def smallest_budget(model: nn.Module, inputs: tuple) -> int:
     """remat's smallest feasible budget, as ``remat.plan`` computes it (the lower compiled peak of
-    its smallest-peak and fastest plans: a budget ``remat.compile`` accepts). Not by asking
-    ``remat.compile`` for a 1-byte budget and reading its ``BudgetError``: on 2026-12-06 that looped
-    (the fitting loop planning again without end on a 2-layer GPT, vocab 1024)."""
+    its smallest-peak and fastest plans: a budget ``remat.compile`` accepts), the figure the
+    report names."""
     adapter.reset_compiled()
     try:
         return remat.plan(model, *inputs, plan_cache=False).min_feasible_bytes

@@ -100,15 +100,23 @@ def test_the_smallest_feasible_budget_from_plan_is_accepted() -> None:
     assert measured_peak(model, compiled, inputs) <= remat.reports(compiled)[0].budget_bytes
 
 
+@pytest.fixture
+def programs(monkeypatch) -> list:
+    """Every program the fitting loop compiles while the test runs: (callable, plan, peak)."""
+    compiled: list = []
+    monkeypatch.setattr(fit, "compile_once", lambda *args: compiled.append(compile_once(*args)) or compiled[-1])
+    return compiled
+
+
 @pytest.mark.parametrize("name", ["gpt", "llama"])
-def test_one_byte_below_the_smallest_feasible_budget_is_refused(name: str, monkeypatch) -> None:
+def test_one_byte_below_the_smallest_feasible_budget_is_refused(name: str, programs: list) -> None:
     """Under Inductor ``min_feasible_bytes`` is a budget ``remat.compile`` accepts, its program's
     measured peak within it, and one byte less raises ``BudgetError`` naming it, after at most
     four programs (five before on the GPT: the same program peak three times, then the fastest
     plan's, 23 % above): tightened plans while they make headway, the smallest-peak plan's, and the
-    fastest plan's only where the model puts it near. (Analytic costs, so that every compile plans from the same costs. On the
-    Llama-style model the plan accepted at that budget peaks below it: a tightened plan, not one
-    of the two fall-backs.)"""
+    fastest plan's only where the model puts it near. (Analytic costs, so that every compile plans
+    from the same costs. On the Llama-style model the plan accepted at that budget peaks below it:
+    a tightened plan, not one of the two fall-backs.)"""
     model, inputs = zoo.build(name, **SIZES[name])
     options = {"profile": "analytic", "plan_cache": False}
     low = remat.plan(model, *inputs, **options).min_feasible_bytes
@@ -118,8 +126,7 @@ def test_one_byte_below_the_smallest_feasible_budget_is_refused(name: str, monke
     assert remat.reports(compiled)[0].budget_bytes == low
     assert measured_peak(model, compiled, inputs) <= low
     torch._dynamo.reset()
-    programs = []
-    monkeypatch.setattr(fit, "compile_once", lambda *args: programs.append(compile_once(*args)) or programs[-1])
+    programs.clear()  # only the refused compile's
     below = remat.compile(model, budget_gb=(low - 1) / GIB, **options)
     with pytest.raises(remat.BudgetError) as caught:
         below(*inputs)
@@ -235,13 +242,11 @@ def test_cuda_allocations_round_up_to_512_bytes() -> None:
     assert account.rounded(("alloc", "buf0", 513), 1) == ("alloc", "buf0", 513)
 
 
-def test_a_budget_below_every_plan_is_refused_when_the_fastest_plan_is_the_smallest_too(monkeypatch) -> None:
+def test_a_budget_below_every_plan_is_refused_when_the_fastest_plan_is_the_smallest_too(programs: list) -> None:
     """On a GPT this small recomputing saves nothing: the fastest plan is the smallest-peak plan. The
     fitting loop asks for each fall-back once and refuses after two programs (it asked for the fastest
     plan again and again, without end, when that plan counted as the smallest only)."""
     model, inputs = zoo.build("gpt", layers=2, d_model=32, heads=8, seq=16, vocab=1024)
-    programs = []
-    monkeypatch.setattr(fit, "compile_once", lambda *args: programs.append(compile_once(*args)) or programs[-1])
     torch._dynamo.reset()
     compiled = remat.compile(model, budget_gb=1 / GIB, profile="analytic", plan_cache=False)
     with pytest.raises(remat.BudgetError) as caught:
