@@ -17,7 +17,7 @@ op's or its base's.
 'layers.3.weight'
 >>> module_path("G['model']")
 ''
->>> source_line('  File "/src/net.py", line 12, in forward\\n    return self.fc1(x)\\n')
+>>> user_frame('  File "/src/net.py", line 12, in forward\\n    return self.fc1(x)\\n')[0]
 'net.py:12'
 """
 
@@ -93,11 +93,6 @@ def user_frame(stack_trace: str | None) -> tuple[str, str, bool]:
             code = lines[i + 1].strip() if i + 1 < len(lines) else ""
             found = (f"{os.path.basename(frame.group(1))}:{frame.group(2)}", code)
     return (*found, in_torch)
-
-
-def source_line(stack_trace: str | None) -> str:
-    """The last frame of ``stack_trace`` outside torch itself, as ``file.py:123``."""
-    return user_frame(stack_trace)[0]
 
 
 def variable_of(module: str, kind: str, code: str, in_torch: bool) -> str:

@@ -320,10 +320,7 @@ def problem_nodes(graph: fx.Graph, order: Order) -> Iterable[fx.Node]:
 # reader recomputes it inline and no buffer is ever allocated. A body reading more
 # than ``acc_reads`` buffers is realized whatever its readers. The limits are read
 # from this torch's Inductor config (``torch_adapter.realize_thresholds``): torch
-# 2.13 raised the CPU ones. The defaults below are torch 2.11's, on any device.
-REALIZE_READS = 4
-REALIZE_OPS = 30
-REALIZE_ACC_READS = 8
+# 2.13 raised the CPU ones (torch 2.11's, on any device: 4 reads, 30 ops, 8 accumulated reads).
 CPU_HEAVY_OPS = frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"})
 
 

@@ -106,7 +106,3 @@ class Deferring:
         """The deferred fields not computed yet."""
         return sorted(self.__dict__.get("_pending", {}))
 
-    def compute_pending(self, *names: str) -> None:
-        """Compute the deferred fields ``names`` (default: all) now."""
-        for name in names or self.pending:
-            getattr(self, name)

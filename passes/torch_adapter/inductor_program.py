@@ -21,8 +21,6 @@ from torch._inductor import ir as _ir
 from torch._inductor.codegen import wrapper as _wrapper
 from torch._inductor.graph import GraphLowering as _GraphLowering
 
-_MEMORY_LINES = tuple(getattr(_wrapper, n) for n in ("AllocateLine", "ReuseLine", "ReinterpretLine",
-                                                     "FreeIfNotReusedLine", "NullLine") if hasattr(_wrapper, n))
 _SILENT_LINES = tuple(getattr(_wrapper, n) for n in (
     "ExternKernelOutLine", "ExternKernelMultiOutLine", "KernelCallLine", "KernelDefinitionLine", "CommentLine",
     "EnterSubgraphLine", "ExitSubgraphLine", "EnterDeviceContextManagerLine", "ExitDeviceContextManagerLine",

@@ -3,8 +3,8 @@
 A pointwise value whose readers are all pointwise ops or reductions of its own graph is
 computed inside their kernels and never allocated, unless Inductor's reuse heuristic
 (``StorageBox.should_realize_on_reuse``) writes it: several readers and a body over
-``REALIZE_READS`` buffer reads or ``REALIZE_OPS`` ops, or, on the CPU, a heavy op in it; or
-a body over ``REALIZE_ACC_READS`` reads whatever its readers.
+Inductor's limit of buffer reads or ops (``torch_adapter.realize_thresholds``), or, on the CPU, a
+heavy op in it; or a body over its limit of accumulated reads whatever its readers.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from remat import solvers
 from remat.passes import problem as P
+from remat.passes import torch_adapter as adapter
 from remat.passes.problem import build_problem, inlined_values, output_nodes
 
 from .helpers import aten, analytic_costs, traced_joint
@@ -81,19 +82,19 @@ def summed_inputs(count: int, readers: int):
 
 
 def test_read_count_threshold_for_a_value_read_twice() -> None:
-    """A body reading REALIZE_READS (4) buffers is inlined into two readers; one more is written."""
+    """A body reading 4 buffers (the reads limit) is inlined into two readers; one more is written."""
     four = inlined(summed_inputs(4, readers=2), *inputs(4))
     five = inlined(summed_inputs(5, readers=2), *inputs(5))
-    assert P.REALIZE_READS == 4
+    assert adapter.realize_thresholds(cpu=True)[0] == 4  # the limit the figures above assume
     assert "add_2" in four and "add_3" not in five
     assert {"add", "add_1", "add_2"} <= five  # the chain before the last add still folds in
 
 
 def test_accumulated_reads_are_written_whatever_the_readers() -> None:
-    """One reader, on an accelerator: a body of REALIZE_ACC_READS (8) reads is inlined, 9 are written."""
+    """One reader, on an accelerator: a body of 8 reads (the accumulated-reads limit) is inlined, 9 are written."""
     eight = inlined(summed_inputs(8, readers=1), *inputs(8), cpu=False)
     nine = inlined(summed_inputs(9, readers=1), *inputs(9), cpu=False)
-    assert P.REALIZE_ACC_READS == 8
+    assert adapter.realize_thresholds(cpu=False)[2] == 8
     assert eight == {"add", "add_1", "add_2", "add_3", "add_4", "add_5", "add_6", "mul"}
     assert "add_7" not in nine and {"add_6", "mul"} <= nine
 
@@ -108,9 +109,9 @@ def negations(count: int):
 
 
 def test_op_count_threshold_for_a_value_read_twice() -> None:
-    """On an accelerator a body of REALIZE_OPS (30) ops, its one load included, is inlined into two
+    """On an accelerator a body of 30 ops (the ops limit), its one load included, is inlined into two
     readers: 29 negations; 30 negations (31 ops) are written."""
-    assert P.REALIZE_OPS == 30
+    assert adapter.realize_thresholds(cpu=False)[1] == 30
     assert "neg_28" in inlined(negations(29), X, cpu=False)
     assert "neg_29" not in inlined(negations(30), X, cpu=False)
     assert "neg_28" in inlined(negations(30), X, cpu=False)  # one reader: no op limit
@@ -129,15 +130,14 @@ def test_heavy_ops_are_inductors() -> None:
 
 
 def test_reuse_thresholds_are_inductors_on_an_accelerator() -> None:
-    assert P.REALIZE_READS == inductor_config.realize_reads_threshold
-    assert P.REALIZE_OPS == (inductor_config.realize_opcount_threshold
-                             or inductor_config._realize_opcount_threshold_default)
-    assert P.REALIZE_ACC_READS == (inductor_config.realize_acc_reads_threshold
-                                   or inductor_config._realize_acc_reads_threshold_default)
+    reads, ops, acc_reads = adapter.realize_thresholds(cpu=False)
+    assert reads == inductor_config.realize_reads_threshold
+    assert ops == (inductor_config.realize_opcount_threshold or inductor_config._realize_opcount_threshold_default)
+    assert acc_reads == (inductor_config.realize_acc_reads_threshold
+                         or inductor_config._realize_acc_reads_threshold_default)
 
 
-CPU_OPS = getattr(inductor_config, "realize_cpu_opcount_threshold", P.REALIZE_OPS)
-CPU_ACC_READS = getattr(inductor_config, "realize_cpu_acc_reads_threshold", P.REALIZE_ACC_READS)
+_, CPU_OPS, CPU_ACC_READS = adapter.realize_thresholds(cpu=True)
 
 
 def test_reuse_thresholds_are_inductors_on_the_cpu() -> None:
