@@ -32,7 +32,7 @@ from torch.nn import functional as F
 
 from remat.models import Llama, LlamaConfig, apply_rotary
 from remat.options import Options
-from remat.passes.partition import plan_at
+from remat.passes.graph_plan import plan_at
 from remat.report import report_of
 from remat.solvers.errors import BudgetError, format_bytes
 
@@ -87,13 +87,13 @@ def run(layers: int, device: str, budget_gb: float, time_limit_s: float, shape: 
     options = Options(compiler="inductor", time_limit_s=time_limit_s)
     t0 = time.perf_counter()
     backend = captured(model, inputs, options, device=device)
-    base = report_of(backend.planner.plans[0])
+    base = report_of(backend.plans[0])
     planned_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     min_feasible = base.min_feasible_bytes
     min_feasible_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    at = plan_at(backend.planner.plans[0], remat.budget_bytes(budget_gb))
+    at = plan_at(backend.plans[0], remat.budget_bytes(budget_gb))
     at_budget = None if isinstance(at, BudgetError) else report_of(at)
     budget_s = time.perf_counter() - t0
     blocks = (base.peer_rules or {}).get("checkpoint-blocks") or {}

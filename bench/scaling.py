@@ -67,7 +67,7 @@ def planned(model: torch.nn.Module, inputs: tuple, compiler: str) -> tuple[remat
     except Exception:  # capture stops once the plan is made (remat.plan does the same)
         if not backend.reports:
             raise
-    return backend.reports[0], backend.planner.plans[0].problem
+    return backend.reports[0], backend.plans[0].problem
 
 
 def solver_alone(problem: Problem, budget: int) -> dict:

@@ -41,7 +41,7 @@ from .eager_window import (  # noqa: F401  (re-exported: the watch's vocabulary)
     peak_between_marks,
     window_of,
 )
-from .partition import MIN_FEASIBLE, STEP_NOTE, defer_min_feasible, scope_note
+from .graph_plan import MIN_FEASIBLE, STEP_NOTE, defer_min_feasible, scope_note
 from .rank_scope import HELD_BY_OPEN_GRAPHS, MEASURED_EAGER, storages_of
 from .ranks import largest_on_any_rank
 

@@ -33,7 +33,9 @@ from remat.solvers.plan import budget_error, min_budget_bytes
 
 from . import inductor_account as account
 from . import torch_adapter as adapter
-from .partition import GraphPlan, Planner, Unwanted
+from .attempt import Attempt, CompileStopped, GraphSetting, choosing
+from .graph_plan import GraphPlan
+from .partition import Planner
 
 log = logging.getLogger(__name__)
 MAX_TIGHTENED = 3  # plans compiled toward the target before the two fall-backs below
@@ -51,10 +53,21 @@ FASTEST_MARGIN = 0.25
 SMALLEST = 0  # a target below every plan: the model's smallest-peak plan (with settle_for_lowest)
 FASTEST = sys.maxsize  # a target no plan is bound by: the fastest plan
 Compile = Callable[..., Callable[..., Any]]
+Fitted = tuple[Callable[..., Any], GraphPlan | None]  # the callable to run, and its plan (None: inference graph)
 
 
-def compile_fitted(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
-                   compile_graph: Compile) -> Callable[..., Any]:
+def compile_given(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, setting: GraphSetting,
+                  compile_graph: Compile) -> Fitted:
+    """Compile ``gm`` with the plan ``setting`` was given (rank 0 fitted it to the budget), once:
+    every rank compiles the same program."""
+    compiled, plan, _ = compile_once(gm, example_inputs, planner, Attempt(setting), compile_graph)
+    if plan is not None:
+        plan.compile_attempts = 1
+    return compiled, plan
+
+
+def compile_fitted(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, setting: GraphSetting,
+                   compile_graph: Compile) -> Fitted:
     """Compile ``gm`` with a plan whose compiled program fits the planning target.
 
     Up to ``MAX_TIGHTENED`` plans, each asked for less by the last one's overshoot; then the
@@ -62,25 +75,7 @@ def compile_fitted(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: P
     model thinks. If none fits, :class:`BudgetError` names the lower of those two programs'
     peaks: a budget at which this loop always finds a plan.
     """
-    planner.settle_for_lowest = planner.request.budget_bytes is not None
-    try:
-        return fit(gm, example_inputs, planner, compile_graph)
-    finally:
-        planner.target, planner.settle_for_lowest = None, False
-
-
-def compile_given(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
-                  compile_graph: Compile) -> Callable[..., Any]:
-    """Compile ``gm`` with the plan the planner was given (``planner.given``: rank 0 fitted it
-    to the budget), once: every rank compiles the same program."""
-    compiled, plan, _ = compile_once(gm, example_inputs, planner, compile_graph)
-    if plan is not None:
-        plan.compile_attempts = 1
-    return compiled
-
-
-def fit(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
-        compile_graph: Compile) -> Callable[..., Any]:
+    settle = planner.request.budget_bytes is not None  # below the model's reach: its smallest-peak plan
     target: int | None = None
     fallbacks: dict[int, int] = {}  # compiled peaks of the smallest-peak and fastest plans
     spent: Counter[str] = Counter()  # every attempt's timings, the rejected plans' too, summed by phase
@@ -89,10 +84,10 @@ def fit(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
     skipped = False  # tightening was cut short: the smallest-peak plan was asked for at once
     while True:
         attempt += 1
-        planner.target = target
-        compiled, plan, peak = compile_unless_known(gm, example_inputs, planner, compile_graph)
+        asked = Attempt(setting, target=target, settle_for_lowest=settle)
+        compiled, plan, peak = compile_unless_known(gm, example_inputs, planner, asked, compile_graph)
         if plan is None:  # an inference graph (no grad): nothing to plan or fit
-            return compiled
+            return compiled, None
         compiles += compiled is not None
         plan.compile_attempts = compiles
         spent.update(plan.timings)
@@ -100,16 +95,15 @@ def fit(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
         if compiled is not None and (limit is None or peak <= limit):
             if limit is not None and (target is None or (skipped and target == SMALLEST)):
                 # the first plan, or the smallest-peak plan reached at once: far under, try a looser one
-                compiled, plan = loosened(gm, example_inputs, planner, compile_graph, (compiled, plan, peak), spent)
+                compiled, plan = loosened(gm, example_inputs, planner, setting, compile_graph, (compiled, plan, peak),
+                                          spent)
             plan.timings = dict(spent)
             planner.remember_compiled(plan)
-            return compiled  # before asking whether the plan is the smallest: that may need a solve
+            return compiled, plan  # before asking whether the plan is the smallest: that may need a solve
         if target in (SMALLEST, FASTEST):  # asked for: tried (the fastest plan may be the smallest too)
             fallbacks[target] = peak
         if plan.smallest:
             fallbacks[SMALLEST] = peak
-        if compiled is not None:
-            planner.plans.pop()
         tighten = attempt < MAX_TIGHTENED and not plan.smallest
         if tighten and (out_of_reach(plan, peak, limit) or (last_peak is not None and peak >= last_peak)):
             tighten, skipped = False, True  # out of the model's reach, or tightening made no headway
@@ -145,7 +139,7 @@ def decision(plan: GraphPlan) -> tuple:
     return plan.problem, repr(plan.scope), plan.solution.saved, plan.solution.recomputed
 
 
-def compile_unless_known(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
+def compile_unless_known(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, attempt: Attempt,
                          compile_graph: Compile, *, fits_too: bool = True) -> tuple[Callable[..., Any] | None,
                                                                                      GraphPlan | None, int]:
     """:func:`compile_once`, except where the plan made is one whose program this planner compiled
@@ -157,13 +151,13 @@ def compile_unless_known(gm: fx.GraphModule, example_inputs: Sequence[Any], plan
         peak = known.get(decision(plan))
         return peak is None or (fits_too and plan.target is not None and peak <= plan.target)
 
-    planner.wanted = wanted
+    attempt.wanted = wanted
     try:
-        return compile_once(gm, example_inputs, planner, compile_graph)
-    except Unwanted as made:
-        return None, made.plan, known[decision(made.plan)]
-    finally:
-        planner.wanted = None
+        return compile_once(gm, example_inputs, planner, attempt, compile_graph)
+    except CompileStopped:
+        if attempt.stopped != "unwanted":
+            raise
+        return None, attempt.plan, known[decision(attempt.plan)]
 
 
 def out_of_reach(plan: GraphPlan, peak: int, limit: int) -> bool:
@@ -175,8 +169,8 @@ def out_of_reach(plan: GraphPlan, peak: int, limit: int) -> bool:
     return plan.lowest().peak_bytes + (peak - plan.solution.peak_bytes) > limit
 
 
-def loosened(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, compile_graph: Compile,
-             accepted: tuple[Callable[..., Any], GraphPlan, int],
+def loosened(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, setting: GraphSetting,
+             compile_graph: Compile, accepted: tuple[Callable[..., Any], GraphPlan, int],
              spent: Counter[str]) -> tuple[Callable[..., Any], GraphPlan]:
     """The accepted program, or a faster one that also fits: where the program peaks more than
     ``LOOSEN_UNDER`` under its target and recomputes something, the model over-counted, so one
@@ -189,19 +183,17 @@ def loosened(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner
     if plan.plan_cache not in ("", "stored"):  # a plan fitted (and loosened) before: loaded as it is
         return compiled, plan
     step = sum(v.seconds for v in plan.problem.values)  # every op of the step, as profiled
-    planner.target = limit + (limit - peak)
     faster_than = plan.solution.added_seconds - LOOSEN_GAIN * step
-    planner.wanted = lambda looser: looser.solution.added_seconds < faster_than
+    asked = Attempt(setting, target=limit + (limit - peak), settle_for_lowest=True,
+                    wanted=lambda looser: looser.solution.added_seconds < faster_than)
     try:  # stopped at the partitioner unless the looser plan is predicted faster: nothing to compile
-        again, looser, looser_peak = compile_once(gm, example_inputs, planner, compile_graph)
-    except Unwanted:
+        again, looser, looser_peak = compile_once(gm, example_inputs, planner, asked, compile_graph)
+    except CompileStopped:
+        if asked.stopped != "unwanted":
+            raise
         return compiled, plan
-    finally:
-        planner.wanted = None
     spent.update(looser.timings)
-    fits = looser_peak <= limit
-    planner.plans.remove(plan if fits else looser)  # the graph's plan is the last one
-    if not fits:
+    if looser_peak > limit:
         return compiled, plan
     looser.compile_attempts = plan.compile_attempts + 1
     looser.notes.append(f"the first plan's program peaked {format_bytes(limit - peak)} under the target: "
@@ -211,48 +203,41 @@ def loosened(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner
     return again, looser
 
 
-def defer_min_feasible(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
-                       compile_graph: Compile) -> None:
-    """Make the last plan's ``min_feasible_bytes`` the exact figure ``compile_fitted`` is sure
+def defer_min_feasible(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, setting: GraphSetting,
+                       compile_graph: Compile, plan: GraphPlan) -> None:
+    """Make ``plan``'s ``min_feasible_bytes`` the exact figure ``compile_fitted`` is sure
     to accept: the lower compiled peak of the smallest-peak plan and the fastest plan, plus
     That costs up to two more compiles, so they run when the figure is first
     read (``remat.plan``), under the grad and autocast state of now."""
-    plan = planner.plans[-1]
     restore = adapter.ambient_state()
 
     def compute() -> dict[str, object]:
-        with restore(), adapter.saved_values_chooser(planner.choose):
-            peak = lowest_compiled_peak(gm, example_inputs, planner, compile_graph, plan)
+        with restore():
+            peak = lowest_compiled_peak(gm, example_inputs, planner, setting, compile_graph, plan)
         return {"min_feasible_bytes": min_budget_bytes(peak, planner.request.solve.headroom),
                 "min_feasible_exact": True}
 
     plan.defer(compute, "min_feasible_bytes", "min_feasible_exact")
 
 
-def lowest_compiled_peak(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
+def lowest_compiled_peak(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, setting: GraphSetting,
                          compile_graph: Compile, plan: GraphPlan) -> int:
     """The lower compiled peak of the smallest-peak plan and (where it may be lower,
     :func:`fastest_may_be_lower`) the fastest plan, as the fitting loop finds them; ``plan``'s own
     program counts for whichever of the two it is, and one the loop compiled is not compiled again."""
     unbudgeted = planner.request.budget_bytes is None  # then the plan is the fastest already
-    planned = len(planner.plans)
-    planner.settle_for_lowest, planner.storing = True, False
 
-    def peak_of(target: int) -> int:
-        planner.target = target
-        return compile_unless_known(gm, example_inputs, planner, compile_graph, fits_too=False)[2]
+    def peak_of(target: int) -> int:  # (a plan made only to measure: not for the plan cache)
+        asked = Attempt(setting, target=target, settle_for_lowest=True, storing=False)
+        return compile_unless_known(gm, example_inputs, planner, asked, compile_graph, fits_too=False)[2]
 
-    try:
-        smallest = plan.compiled_peak_bytes if plan.smallest else peak_of(SMALLEST)
-        if not fastest_may_be_lower(plan, smallest):
-            return smallest
-        return min(smallest, plan.compiled_peak_bytes if unbudgeted else peak_of(FASTEST))
-    finally:
-        planner.target, planner.settle_for_lowest, planner.storing = None, False, True
-        del planner.plans[planned:]
+    smallest = plan.compiled_peak_bytes if plan.smallest else peak_of(SMALLEST)
+    if not fastest_may_be_lower(plan, smallest):
+        return smallest
+    return min(smallest, plan.compiled_peak_bytes if unbudgeted else peak_of(FASTEST))
 
 
-def compile_once(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
+def compile_once(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, attempt: Attempt,
                  compile_graph: Compile) -> tuple[Callable[..., Any], GraphPlan | None, int]:
     """Plan and compile a copy of ``gm`` (Inductor's pre-grad passes rewrite it in place);
     the compiled callable, its plan, and the peak of the program Inductor generated.
@@ -260,17 +245,16 @@ def compile_once(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Pla
     Inductor may load the program from its FX graph cache. For a plan from remat's plan
     cache the stored account stands for it; any other plan is compiled again, the cache
     off, so that its program is generated and accounted for."""
-    planned = len(planner.plans)
-    compiled, plan, programs = compile_recorded(gm, example_inputs, planner, compile_graph)
+    compiled, plan, programs = compile_recorded(gm, example_inputs, planner, attempt, compile_graph)
     if plan is None:
         return compiled, None, 0
     if len(programs) < 2:  # Inductor's cache had the program: no code to read
         # a plan loaded (from the plan cache, or from rank 0) carries its program's account
         if plan.plan_cache in ("hit", "rank 0") and plan.compiled_peak_bytes is not None:
             return compiled, plan, plan.compiled_peak_bytes
-        del planner.plans[planned:]
-        planner.replay = plan  # not planned again: the same plan, its program generated this time
-        compiled, plan, programs = compile_recorded(gm, example_inputs, planner, compile_graph, fx_graph_cache=False)
+        again = Attempt(attempt.setting, replay=plan)  # not planned again: the same plan, its program generated
+        compiled, plan, programs = compile_recorded(gm, example_inputs, planner, again, compile_graph,
+                                                    fx_graph_cache=False)
     # extern kernels' scratch, measured by the profile, placed at the line each kernel runs
     step = account.step_account(programs, plan.workspace_by_node)
     if not step.complete:
@@ -300,21 +284,20 @@ def compiled_rank_peak(plan: GraphPlan, program_peak: int, eager: int, freed: in
     return max(program_peak, (plan.handoff_bytes or 0) + eager) + extra
 
 
-def compile_recorded(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, compile_graph: Compile,
-                     **options: Any) -> tuple[Callable[..., Any], GraphPlan | None, list]:
+def compile_recorded(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, attempt: Attempt,
+                     compile_graph: Compile, **options: Any) -> tuple[Callable[..., Any], GraphPlan | None, list]:
     """Compile a copy of ``gm``; the callable, the plan it got (its Inductor seconds recorded;
     None for an inference graph, which has no backward to plan) and the programs Inductor
     generated for it (none when its cache had them)."""
-    planner.capture_started = time.perf_counter()
-    planned = len(planner.plans)
     # the program's AOTAutograd cache entry, kept unwritten until its plan is accepted (passes/program_cache.py)
-    recording = adapter.recording_program_entries() if planner.record_programs else contextlib.nullcontext([])
-    with account.capture_programs() as programs, recording as entries:
-        compiled = compile_graph(copy.deepcopy(gm), example_inputs, on_graph=planner.on_graph, **options)
-    if len(planner.plans) == planned:
+    recording = adapter.recording_program_entries() if attempt.setting.record_programs else contextlib.nullcontext([])
+    # (recording inside the chooser's settings, which turn AOTAutograd's cache off for any other compile)
+    with account.capture_programs() as programs, choosing(planner, attempt), recording as entries:
+        compiled = compile_graph(copy.deepcopy(gm), example_inputs, on_graph=attempt.on_graph, **options)
+    plan = attempt.plan
+    if plan is None:
         return compiled, None, programs
-    plan = planner.plans[-1]
-    plan.timings["inductor"] = time.perf_counter() - planner.chosen_at
+    plan.timings["inductor"] = time.perf_counter() - attempt.chosen_at
     if entries:  # (a compile with Inductor's cache off makes none: the plan keeps an earlier one)
         plan.program_entry = entries[-1]
     return compiled, plan, programs

@@ -43,21 +43,23 @@ import torch.fx as fx
 
 from . import plan_cache, ranks
 from . import torch_adapter as adapter
-from .partition import Planner, ProgramMiss
+from .attempt import Attempt, CompileStopped, GraphSetting, compile_attempt
+from .graph_plan import GraphPlan
+from .partition import Planner
 
 log = logging.getLogger(__name__)
 
 Compile = Callable[..., Callable[..., Any]]
 
 
-def usable(planner: Planner, example_inputs: Sequence[Any]) -> bool:
+def usable(planner: Planner, setting: GraphSetting, example_inputs: Sequence[Any]) -> bool:
     """Whether programs may be loaded and published for this graph of ``planner``'s (call it
     before remat's compile begins: that turns AOTAutograd's cache off). Not for symbolic
     sizes: remat pins them when it plans (``adapter.specialize_sizes``), which a program
     loaded whole would skip."""
-    process_only = planner.scope is None or planner.scope.process  # (a rank's scope waits for every rank)
+    process_only = setting.scope is None or setting.scope.process  # (a rank's scope waits for every rank)
     return (planner.disk is not None and planner.request.compiler == "inductor" and process_only
-            and not planner.stop_after_plan and ranks.world()[1] == 1 and all(map(_static, example_inputs))
+            and ranks.world()[1] == 1 and all(map(_static, example_inputs))
             and adapter.program_cache_usable())
 
 
@@ -69,15 +71,16 @@ def _static(value: Any) -> bool:
     return True
 
 
-def program_key(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner) -> dict[str, Any]:
+def program_key(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
+                setting: GraphSetting) -> dict[str, Any]:
     """What a plan depends on, known before the joint graph is traced."""
     autocast = [(d, torch.get_autocast_dtype(d).__repr__()) for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)]
     key = {"format": plan_cache.FORMAT, "program": plan_cache.graph_fingerprint(gm.graph),
             "inputs": plan_cache.describe(list(example_inputs)),
             "requires_grad": [getattr(x, "requires_grad", None) for x in example_inputs],
             **plan_cache.request_key(planner.request),
-            "grad": torch.is_grad_enabled(), "autocast": autocast, "unread_state_bytes": planner.unread_state,
-            "scope": None if planner.scope is None else planner.scope.key(),
+            "grad": torch.is_grad_enabled(), "autocast": autocast, "unread_state_bytes": setting.unread_state,
+            "scope": None if setting.scope is None else setting.scope.key(),
             "torch": torch.__version__, "remat": plan_cache.remat_version()}
     return json.loads(json.dumps(key))  # as a stored key reads back (tuples as lists)
 
@@ -89,59 +92,54 @@ def plan_digest(cached: plan_cache.CachedPlan) -> str:
     return hashlib.sha256(json.dumps(decision, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def load(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, compile_graph: Compile,
-         key: dict[str, Any]) -> Callable[..., Any] | None:
-    """The compiled graph loaded whole for the plan stored under its program ``key``, or None
-    (no plan stored, or AOTAutograd's cache lacks its program)."""
+def load(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, setting: GraphSetting,
+         compile_graph: Compile, key: dict[str, Any]) -> tuple[Callable[..., Any], GraphPlan] | None:
+    """The compiled graph loaded whole for the plan stored under its program ``key``, and that
+    plan; or None (no plan stored, or AOTAutograd's cache lacks its program)."""
     assert planner.disk is not None
     cached = planner.disk.load(key, None)
     if cached is None or cached.compiled_peak is None:
         return None
     t0 = time.perf_counter()
-    planner.expect_program = True
+    attempt = Attempt(setting, expect_program=True)
     try:
-        with adapter.program_cache(plan_digest(cached)):
-            compiled = compile_graph(copy.deepcopy(gm), example_inputs, on_graph=planner.on_graph)
-    except ProgramMiss:
+        compiled = compile_attempt(copy.deepcopy(gm), example_inputs, planner, attempt, compile_graph,
+                                   within=adapter.program_cache(plan_digest(cached)))
+    except CompileStopped:
+        if attempt.stopped != "program miss":
+            raise
         log.info("remat: AOTAutograd's cache lacks the stored plan's program; planning the graph again")
         return None
-    finally:
-        planner.expect_program = False
-    planner.loaded_plan(cached, time.perf_counter() - t0)
-    return compiled
+    return compiled, planner.loaded_plan(cached, time.perf_counter() - t0, setting.scope)
 
 
-def publish(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, compile_graph: Compile,
-            compiled: Callable[..., Any], key: dict[str, Any]) -> Callable[..., Any]:
-    """Put the program of the graph's accepted plan (the planner's last, compiled as ``compiled``)
+def publish(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, setting: GraphSetting,
+            compile_graph: Compile, compiled: Callable[..., Any], plan: GraphPlan,
+            key: dict[str, Any]) -> Callable[..., Any]:
+    """Put the program of the graph's accepted ``plan`` (compiled as ``compiled``)
     in AOTAutograd's cache under the plan's digest, and store the plan under the graph's program
     ``key``; the callable to run. The entry its compile recorded is written as it is; without one (a
     cache bypass), the plan is compiled once more with the cache on."""
     assert planner.disk is not None
-    plan = planner.plans[-1]
     cached = plan_cache.entry_of(plan)
     t0 = time.perf_counter()
     if plan.program_entry is not None:
         adapter.store_program_entry(plan.program_entry, plan_digest(cached))
         plan.program_entry = None  # written: the compiled code it refers to need not stay alive with the plan
     else:
-        compiled = compile_again(gm, example_inputs, planner, compile_graph, plan_digest(cached))
+        compiled = compile_again(gm, example_inputs, planner, setting, compile_graph, plan, plan_digest(cached))
     plan.timings["program cache"] = time.perf_counter() - t0
     planner.disk.store(key, cached)
     return compiled
 
 
-def compile_again(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, compile_graph: Compile,
-                  digest: str) -> Callable[..., Any]:
-    """Compile the planner's last plan once more, AOTAutograd's cache on under ``digest``."""
-    plan = planner.plans[-1]
-    timings, planned = dict(plan.timings), len(planner.plans)
-    planner.replay = plan
-    try:
-        with adapter.program_cache(digest):
-            compiled = compile_graph(copy.deepcopy(gm), example_inputs, on_graph=planner.on_graph)
-    finally:
-        planner.replay = None
-        del planner.plans[planned:]  # the same plan, handed out again
+def compile_again(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, setting: GraphSetting,
+                  compile_graph: Compile, plan: GraphPlan, digest: str) -> Callable[..., Any]:
+    """Compile ``plan`` once more (handed out again, nothing planned), AOTAutograd's cache on under
+    ``digest``."""
+    timings = dict(plan.timings)
+    attempt = Attempt(setting, replay=plan)
+    compiled = compile_attempt(copy.deepcopy(gm), example_inputs, planner, attempt, compile_graph,
+                               within=adapter.program_cache(digest))
     plan.timings = timings
     return compiled

@@ -13,7 +13,7 @@ import torch
 
 from remat.passes import torch_adapter as adapter
 from remat.passes.devices import DeviceSpec, device_spec, planning_for
-from remat.passes.partition import PlanComplete
+from remat.passes.attempt import CompileStopped
 from remat.passes.torch_adapter.meta_capture import is_meta
 from remat.passes.torch_errors import capture_problem, without_interpreter_note
 
@@ -221,7 +221,7 @@ def capture(model: Callable[..., Any], inputs: tuple[Any, ...], backend: RematBa
         torch.compile(model, backend=backend, fullgraph=fullgraph)(*inputs)
     except Exception as exc:
         inner = adapter.unwrap_backend_error(exc) or exc
-        if not isinstance(inner, PlanComplete):
+        if not isinstance(inner, CompileStopped):
             explained = graph_error(exc) or (not_whole(exc) if fullgraph else None)
             if explained is not None:
                 raise explained from None
@@ -253,7 +253,7 @@ def captured_on_meta(model: Callable[..., Any], inputs: tuple[Any, ...], options
     backend = RematBackend(options, stop_after_plan=True)
     with planning_for(spec):
         capture(model, inputs, backend, fullgraph=True)
-    graph_plan = backend.planner.plans[0]
+    graph_plan = backend.plans[0]
     graph_plan.problem.meta["device"] = f"meta:{spec.name}"
     graph_plan.notes.append(
         f"planned on the meta device for {spec.name}: sizes exact from shapes, times analytic (FLOPs and bytes "

@@ -7,6 +7,7 @@ after ``pip install`` without ``import remat``.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -19,8 +20,10 @@ from remat.passes.eager_compiler import compile_eager
 from remat.passes import eager_parts, plan_cache, program_cache, rank_scope, ranks
 from remat.passes.devices import cpu_spec, planned_for
 from remat.passes.torch_adapter.meta_capture import captured_as_on, is_meta
-from remat.passes.fit import compile_fitted, compile_given, defer_min_feasible
-from remat.passes.partition import GraphPlan, PlanComplete, Planner
+from remat.passes.attempt import Attempt, CompileStopped, GraphSetting, compile_attempt
+from remat.passes.fit import Fitted, compile_fitted, compile_given, defer_min_feasible
+from remat.passes.graph_plan import GraphPlan
+from remat.passes.partition import Planner
 
 from .options import Options
 from .report import Report, report_of
@@ -37,16 +40,15 @@ class RematBackend:
         self.options = options
         self.stop_after_plan = stop_after_plan
         self.loss_fn = loss_fn  # remat.plan(..., loss_fn=): the eager code after the graph, measured before planning
-        # Op by op the model is exact: planning is enough. Under Inductor a plan is
-        # compiled (nothing runs) so that its program is known; then capture stops.
-        self.planner = Planner(options.request(), stop_after_plan=stop_after_plan and options.compiler == "eager")
+        self.planner = Planner(options.request())
+        self.plans: list[GraphPlan] = []  # each captured graph's plan, in the order they were compiled
         self.built: dict[GraphPlan, Report] = {}
         self.__name__ = "remat"
 
     @property
     def reports(self) -> list[Report]:
         """One Report per planned graph, built once the graph's plan is complete."""
-        return [self.report(plan) for plan in self.planner.plans]
+        return [self.report(plan) for plan in self.plans]
 
     def report(self, plan: GraphPlan) -> Report:
         if plan in self.built:
@@ -78,84 +80,81 @@ class RematBackend:
             eager_parts.remember_measured(gm, eager_parts.measure_loss(self.loss_fn, gm))
         # what the rank holds outside this graph, when the budget is the rank's (read before
         # any exchange: every rank reads its own FSDP or DDP state)
-        self.planner.scope = rank_scope.scope_of(gm, example_inputs, self.planner.request.budget_scope)
+        scope = rank_scope.scope_of(gm, example_inputs, self.planner.request.budget_scope)
         # the module's state the graph does not read is held all the same (a rank scope counts it already)
-        self.planner.unread_state = 0 if self.planner.scope else rank_scope.unread_state_bytes(example_inputs)
-        planned = len(self.planner.plans)
-        compiled = self.agreed(gm, example_inputs)
-        if self.planner.scope is None or len(self.planner.plans) == planned or self.stop_after_plan:
+        setting = GraphSetting(scope=scope, unread_state=0 if scope else rank_scope.unread_state_bytes(example_inputs),
+                               input_names=self.planner.names_of_inputs(gm))  # the report's parameter names
+        compiled, plan = self.agreed(gm, example_inputs, setting)
+        if plan is not None:
+            self.plans.append(plan)
+        if scope is None or plan is None or self.stop_after_plan:
             return compiled
-        plan = self.planner.plans[-1]
         # the eager code around the graph (head, loss) is measured on the first step, counted from the next
         return eager_parts.EagerWatch(compiled, plan, lambda eager: self.replanned(gm, example_inputs, plan, eager),
                                       lambda eager: self.recounted(plan, eager), rank_scope.state_storages(example_inputs))
 
-    def agreed(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+    def agreed(self, gm: fx.GraphModule, example_inputs: Sequence[Any], setting: GraphSetting) -> Fitted:
         """Plan and compile the graph as every rank agrees: rank 0 decides, the others follow."""
         agreement = ranks.Agreement.for_graph(gm.graph, self.planner.request)
         if agreement is not None and not agreement.decides:
-            return self.follow(gm, example_inputs, agreement)
-        planned = len(self.planner.plans)
+            return self.follow(gm, example_inputs, setting, agreement)
         # read before remat's compile turns AOTAutograd's cache off
-        programs = not self.stop_after_plan and program_cache.usable(self.planner, example_inputs)
+        programs = not self.stop_after_plan and program_cache.usable(self.planner, setting, example_inputs)
+        setting = dataclasses.replace(setting, record_programs=programs)
         try:
-            compiled = self.compile(gm, example_inputs, programs=programs)
-        except PlanComplete:
-            self.tell(agreement, planned)
+            compiled, plan = self.compile(gm, example_inputs, setting)
+        except CompileStopped as stopped:  # remat.plan: planned, nothing compiled further
+            self.tell(agreement, stopped.plan)
             raise
         except Exception as exc:
             if agreement is not None:  # the other ranks raise it too, instead of waiting
                 agreement.send_error(exc)
             raise
-        self.tell(agreement, planned)
-        return compiled
+        self.tell(agreement, plan)
+        return compiled, plan
 
-    def compile(self, gm: fx.GraphModule, example_inputs: Sequence[Any], *, given: bool = False,
-                programs: bool = False) -> Callable[..., Any]:
-        """Plan and compile one captured graph; ``given``: with the plan the planner was handed;
-        ``programs``: load and publish whole programs (``passes/program_cache.py``)."""
-        self.planner.capture_started = time.perf_counter()
-        self.planner.input_names = self.planner.names_of_inputs(gm)  # the report's parameter names
-        planned = len(self.planner.plans)
-        with adapter.saved_values_chooser(self.planner.choose):
-            if self.options.compiler == "eager" or is_meta(example_inputs):
-                # on meta nothing can run, Inductor's code generation included: the plan is the
-                # FX-level model's (the problem still assumes Inductor's fusion when it compiles)
-                self.planner.stop_after_plan = self.stop_after_plan
-                return compile_eager(gm, example_inputs, on_graph=self.planner.on_graph)
-            # what the plan depends on, known before tracing: where a whole program is stored
-            key = program_cache.program_key(gm, example_inputs, self.planner) if programs else None
-            loaded = None if key is None else program_cache.load(gm, example_inputs, self.planner,
-                                                                 adapter.compile_inductor, key)
-            if loaded is not None:
-                return loaded
-            # Inductor: compile, account for the program it generated, plan tighter while it is over
-            # (rank 0 did that for a given plan: it is compiled as it is)
-            fitted = compile_given if given else compile_fitted
-            self.planner.record_programs = programs
+    def compile(self, gm: fx.GraphModule, example_inputs: Sequence[Any], setting: GraphSetting) -> Fitted:
+        """Plan and compile one captured graph (with the plan rank 0 gave, where ``setting`` has one);
+        ``setting.record_programs``: load and publish whole programs (``passes/program_cache.py``)."""
+        if self.options.compiler == "eager" or is_meta(example_inputs):
+            # on meta nothing can run, Inductor's code generation included: the plan is the
+            # FX-level model's (the problem still assumes Inductor's fusion when it compiles)
+            attempt = Attempt(setting, stop_after_plan=self.stop_after_plan)
             try:
-                compiled = fitted(gm, example_inputs, self.planner, adapter.compile_inductor)
-            finally:
-                self.planner.record_programs = False
-            if len(self.planner.plans) == planned:  # an inference graph (no grad): nothing planned
-                return compiled
-            if self.stop_after_plan:  # remat.plan: its smallest feasible budget is the compiled one
-                defer_min_feasible(gm, example_inputs, self.planner, adapter.compile_inductor)
-                raise PlanComplete
-            if key is not None:  # the next process loads this plan's program whole
-                return program_cache.publish(gm, example_inputs, self.planner, adapter.compile_inductor, compiled, key)
-            return compiled
+                return compile_attempt(gm, example_inputs, self.planner, attempt, compile_eager), attempt.plan
+            except CompileStopped as stopped:
+                self.plans.append(attempt.plan)
+                raise stopped.with_plan(attempt.plan)
+        # what the plan depends on, known before tracing: where a whole program is stored
+        key = program_cache.program_key(gm, example_inputs, self.planner, setting) if setting.record_programs else None
+        loaded = None if key is None else program_cache.load(gm, example_inputs, self.planner, setting,
+                                                             adapter.compile_inductor, key)
+        if loaded is not None:
+            return loaded
+        # Inductor: compile, account for the program it generated, plan tighter while it is over
+        # (rank 0 did that for a given plan: it is compiled as it is)
+        fitted = compile_given if setting.given is not None else compile_fitted
+        compiled, plan = fitted(gm, example_inputs, self.planner, setting, adapter.compile_inductor)
+        if plan is None:  # an inference graph (no grad): nothing planned
+            return compiled, None
+        if self.stop_after_plan:  # remat.plan: its smallest feasible budget is the compiled one
+            defer_min_feasible(gm, example_inputs, self.planner, setting, adapter.compile_inductor, plan)
+            self.plans.append(plan)
+            raise CompileStopped("planned").with_plan(plan)
+        if key is not None:  # the next process loads this plan's program whole
+            compiled = program_cache.publish(gm, example_inputs, self.planner, setting, adapter.compile_inductor,
+                                             compiled, plan, key)
+        return compiled, plan
 
     def replanned(self, gm: fx.GraphModule, example_inputs: Sequence[Any], plan: GraphPlan,
                   eager: eager_parts.EagerParts) -> Callable[..., Any]:
         """``plan``'s graph planned and compiled again with ``eager`` parts counted; the new plan takes
         the old one's place among the reports."""
-        self.planner.scope = eager_parts.with_eager(plan.scope, eager)
-        eager_parts.remember(self.planner.scope)
-        index = self.planner.plans.index(plan)
-        compiled = self.agreed(gm, example_inputs)
-        self.planner.plans.remove(plan)
-        self.planner.plans.insert(index, self.planner.plans.pop())
+        scope = eager_parts.with_eager(plan.scope, eager)
+        eager_parts.remember(scope)
+        setting = GraphSetting(scope=scope, input_names=self.planner.names_of_inputs(gm))
+        compiled, again = self.agreed(gm, example_inputs, setting)
+        self.plans[self.plans.index(plan)] = again
         self.built.pop(plan, None)
         return compiled
 
@@ -164,25 +163,22 @@ class RematBackend:
         eager_parts.raised_by(plan, eager, self.planner.lowest_of)
         self.built.pop(plan, None)
 
-    def tell(self, agreement: ranks.Agreement | None, planned: int) -> None:
+    def tell(self, agreement: ranks.Agreement | None, plan: GraphPlan | None) -> None:
         """Rank 0: send the plan it compiled for the graph (None when it planned none)."""
         if agreement is not None:
-            plan = self.planner.plans[-1] if len(self.planner.plans) > planned else None
             record = None if plan is None else plan_cache.record_of(plan_cache.entry_of(plan))
             agreement.send(record, [] if plan is None else plan.node_order)
 
-    def follow(self, gm: fx.GraphModule, example_inputs: Sequence[Any], agreement: ranks.Agreement) -> Callable[..., Any]:
+    def follow(self, gm: fx.GraphModule, example_inputs: Sequence[Any], setting: GraphSetting,
+               agreement: ranks.Agreement) -> Fitted:
         """A rank other than 0: compile rank 0's plan for the graph, or raise rank 0's error."""
         t0 = time.perf_counter()
-        self.planner.given = agreement.receive()
+        given = agreement.receive()
         waited = time.perf_counter() - t0
-        planned = len(self.planner.plans)
-        try:
-            return self.compile(gm, example_inputs, given=self.planner.given is not None)
-        finally:
-            self.planner.given = None
-            if len(self.planner.plans) > planned:
-                self.planner.plans[-1].timings["agree"] = waited
+        compiled, plan = self.compile(gm, example_inputs, dataclasses.replace(setting, given=given))
+        if plan is not None:
+            plan.timings["agree"] = waited
+        return compiled, plan
 
 
 def remat_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | None = None,

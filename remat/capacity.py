@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from remat.passes.devices import DeviceSpec
-from remat.passes.partition import GraphPlan, plan_at
+from remat.passes.graph_plan import GraphPlan, plan_at
 from remat.solvers.errors import format_bytes
 
 from .api import captured
@@ -177,7 +177,7 @@ def point_at(size: int, model: torch.nn.Module | Callable[[int], torch.nn.Module
     t0 = time.perf_counter()
     module = model if isinstance(model, torch.nn.Module) else model(size)
     backend = captured(module, tuple(make_inputs(size)), options, device=device)
-    base = backend.planner.plans[0]
+    base = backend.plans[0]
     at = plan_at(base, budget_bytes)
     at_budget = at if isinstance(at, GraphPlan) else None
     if at_budget is not None:

@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 from remat.passes import torch_adapter as adapter
-from remat.passes.partition import GraphPlan, PlanComplete, plan_at
+from remat.passes.attempt import CompileStopped
+from remat.passes.graph_plan import GraphPlan, plan_at
 from remat.solvers.plan import monotone
 
 from .backend import RematBackend
@@ -153,12 +154,12 @@ def capture(model: Callable[..., Any], inputs: Sequence[Any], options: Options) 
         torch.compile(model, backend=backend)(*inputs)
     except Exception as exc:
         inner = adapter.unwrap_backend_error(exc) or exc
-        if not isinstance(inner, PlanComplete):
+        if not isinstance(inner, CompileStopped):
             raise inner from None
-    if not backend.planner.plans:
+    if not backend.plans:
         raise ValueError("nothing to plan: the model produced no graph that needs a backward "
                          "(do its outputs require grad?)")
-    return backend.planner.plans[0]
+    return backend.plans[0]
 
 
 def spread(report: Report, points: int) -> list[float]:

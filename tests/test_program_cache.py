@@ -17,6 +17,7 @@ import remat.backend
 from remat.errors import GIB
 from remat.measure import budget_peak
 from remat.passes import partition, program_cache
+from remat.passes.attempt import GraphSetting
 from remat.passes import torch_adapter as adapter
 from tests.conftest import budget_between, build, planned
 
@@ -160,28 +161,28 @@ def test_the_program_key_holds_what_a_plan_depends_on(caches: pathlib.Path) -> N
         gm_and_inputs = []
         torch.compile(model, backend=lambda gm, ex: gm_and_inputs.append((gm, ex)) or gm)(*inputs)
         (gm, example), = gm_and_inputs
-        keys.append(program_cache.program_key(gm, example, backend.planner))
+        keys.append(program_cache.program_key(gm, example, backend.planner, GraphSetting()))
         example[1].requires_grad_(not example[1].requires_grad)
-        keys.append(program_cache.program_key(gm, example, backend.planner))
+        keys.append(program_cache.program_key(gm, example, backend.planner, GraphSetting()))
         example[1].requires_grad_(not example[1].requires_grad)
     assert len({repr(k) for k in keys}) == 4
     assert keys[0] == program_cache.program_key(gm, example, remat.backend.RematBackend(
-        remat.Options(budget_gb=0.5, plan_cache=str(caches))).planner)
+        remat.Options(budget_gb=0.5, plan_cache=str(caches))).planner, GraphSetting())
 
 
 def test_off_without_the_plan_cache_or_aotautograds_cache(monkeypatch: pytest.MonkeyPatch,
                                                           caches: pathlib.Path) -> None:
     inputs = [torch.ones(2, 3)]
     on = remat.backend.RematBackend(remat.Options(budget_gb=1.0, plan_cache=str(caches)))
-    assert program_cache.usable(on.planner, inputs)
+    assert program_cache.usable(on.planner, GraphSetting(), inputs)
     assert not program_cache.usable(
-        remat.backend.RematBackend(remat.Options(budget_gb=1.0, plan_cache=False)).planner, inputs)
+        remat.backend.RematBackend(remat.Options(budget_gb=1.0, plan_cache=False)).planner, GraphSetting(), inputs)
     assert not program_cache.usable(remat.backend.RematBackend(
-        remat.Options(budget_gb=1.0, plan_cache=str(caches), compiler="eager")).planner, inputs)
+        remat.Options(budget_gb=1.0, plan_cache=str(caches), compiler="eager")).planner, GraphSetting(), inputs)
     with torch.compiler.config.patch(force_disable_caches=True):
-        assert not program_cache.usable(on.planner, inputs)
+        assert not program_cache.usable(on.planner, GraphSetting(), inputs)
     with adapter.inductor_settings(post_grad_custom_post_pass=lambda graph: None):  # a pass of the user's
-        assert not program_cache.usable(on.planner, inputs)
+        assert not program_cache.usable(on.planner, GraphSetting(), inputs)
 
 
 def test_a_graph_with_symbolic_sizes_is_planned_not_loaded(caches: pathlib.Path) -> None:

@@ -76,9 +76,9 @@ def planned() -> types.SimpleNamespace:
     graphs = []
     choose = partition.Planner.choose
 
-    def seeing(self, joint_graph, node_info):  # type: ignore[no-untyped-def]
+    def seeing(self, attempt, joint_graph, node_info):  # type: ignore[no-untyped-def]
         graphs.append(joint_graph)
-        return choose(self, joint_graph, node_info)
+        return choose(self, attempt, joint_graph, node_info)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(partition.Planner, "choose", seeing)

@@ -12,7 +12,7 @@ import pytest
 import remat
 from remat.errors import GIB
 from remat.frontier import MeasuredPlan, fastest_fitting
-from remat.passes import partition
+from remat.passes import graph_plan, partition
 from remat.progress import progress
 from tests.conftest import build
 
@@ -51,7 +51,8 @@ def test_a_budget_whose_solve_found_a_slow_plan_gets_a_faster_one_found_at_anoth
             handed.append(plan)
         return plan, kept_all
 
-    monkeypatch.setattr(partition, "solve", solve)
+    for module in (partition, graph_plan):  # a graph's first plan, and each budget's from its problem
+        monkeypatch.setattr(module, "solve", solve)
     model, inputs = build("gpt")
     rows = remat.sweep(model, *inputs, points=POINTS, compiler="eager")
     overheads = [r["predicted_overhead_seconds"] for r in rows.rows]

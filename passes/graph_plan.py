@@ -1,0 +1,190 @@
+"""The record of one graph's plan, and the figures computed when first read.
+
+:class:`GraphPlan` is what remat decided, predicted and learned for one joint graph
+(``passes/partition.py`` makes it, ``passes/fit.py`` adds its compiled program's account,
+``remat/report.py`` reads it). The smallest feasible budget, torch's own min-cut plan and the
+peers' rules are computed only when a report reads them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import torch.fx as fx
+
+from remat.solvers.errors import BudgetError, format_bytes
+from remat.solvers.plan import Lowest, Once, min_budget_bytes, peer_plan, score_peer, solve
+from remat.solvers.problem import Problem
+from remat.solvers.solution import Solution
+
+from . import torch_adapter as adapter
+from .names import NodeName
+from .rank_scope import RankScope
+from .request import PlanRequest
+
+Figures = Callable[[], dict[str, object]]
+
+@dataclass(eq=False)
+class GraphPlan:
+    """Everything remat decided, predicted and learned for one joint graph: plain data.
+
+    The passes fill it while the graph is planned and compiled; remat's ``Report`` is
+    built from it (``remat.report.report_of``). ``figures`` holds figures already
+    known; ``deferred`` lists how to compute the others, (names, compute), when first
+    read (a later entry for a name replaces an earlier one). ``complete``: both
+    partitioned graphs were seen and checked; nothing changes after that but figures
+    computed when read.
+    """
+
+    problem: Problem
+    solution: Solution
+    store_all: Solution
+    request: PlanRequest
+    target: int | None  # the peak the plan must fit: the budget less any headroom (None: no budget)
+    forward_names: set[str]
+    random_names: set[str]
+    lowest: Lowest  # the smallest-peak plan, solved when first asked for
+    profile_seconds: float = 0.0
+    # wall seconds by phase of this graph's compile (capture, profile, solve, inductor), in order
+    timings: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    plan_cache: str = ""  # "stored" when written to the plan cache, "hit" when loaded from it
+    cache_key: dict[str, object] | None = None  # the plan cache key it was stored under
+    compiled_peak_bytes: int | None = None  # what the program Inductor generated peaks at
+    handoff_bytes: int | None = None  # alive when that program's forward returns: inputs, what it hands the backward
+    program_peak_bytes: int | None = None  # that program's own peak (compiled_peak_bytes adds the step's other memory)
+    program_peaks: tuple[int, int, int] | None = None  # its forward's and backward's peaks, the caller's outputs
+    compile_attempts: int = 0
+    rank: int = 0  # under torch.distributed: this process's rank, and how many ranks agreed on the plan
+    world_size: int = 1
+    node_order: list[str] = field(default_factory=list)  # the joint graph's node names, in order
+    # the user's names for its nodes, by node name: module, parameter, source line (passes/names.py)
+    names: dict[str, NodeName] = field(default_factory=dict)
+    scope: RankScope | None = None  # what the rank holds outside the graph, under a per-rank budget
+    realized_peak_bytes: int | None = None
+    figures: dict[str, object] = field(default_factory=dict)
+    deferred: list[tuple[tuple[str, ...], Figures]] = field(default_factory=list)
+    graphs: dict[str, fx.GraphModule] = field(default_factory=dict)
+    # AOTAutograd's cache entry for the plan's program, made while it compiled and not yet written
+    # (passes/program_cache.py writes it under the plan's key once the plan is accepted)
+    program_entry: object | None = None
+    # adds whose matmul Inductor would fold into them, kept apart (passes/problem.py, fold_holds_more)
+    unfolded: frozenset[str] = frozenset()
+
+    @property
+    def complete(self) -> bool:
+        return "backward" in self.graphs
+
+    @property
+    def smallest(self) -> bool:
+        """The plan is the smallest-peak plan: nothing tighter exists in the model."""
+        low = self.lowest()
+        return self.solution.saved == low.saved and self.solution.recomputed == low.recomputed
+
+    @property
+    def workspace_by_node(self) -> dict[str, int]:
+        """Each op's measured scratch bytes, by node name (those with any)."""
+        return {n: w for n, w in zip(self.problem.step_names, self.problem.workspace) if w}
+
+    def defer(self, compute: Figures, *names: str) -> None:
+        self.deferred.append((names, compute))
+        for name in names:
+            self.figures.pop(name, None)
+
+
+MIN_FEASIBLE = ("min_feasible_bytes", "min_feasible_exact", "min_feasible_solve_seconds")
+MIN_CUT = ("min_cut_peak_bytes", "min_cut_overhead_seconds", "min_cut_seconds")
+# torch's min-cut decision needs the joint graph, which a program loaded whole never traces
+NO_MIN_CUT = {"min_cut_peak_bytes": None, "min_cut_overhead_seconds": None, "min_cut_seconds": 0.0}
+PEER_RULES = ("peer_rules",)
+
+
+def min_feasible_figures(lowest: Solution, request: PlanRequest) -> dict[str, object]:
+    """The smallest feasible budget by the model: exact op by op, an estimate under Inductor."""
+    return {"min_feasible_bytes": min_budget_bytes(lowest.peak_bytes, request.solve.headroom),
+            "min_feasible_exact": request.compiler == "eager", "min_feasible_solve_seconds": lowest.solve_seconds}
+
+
+MinCut = Once[tuple[list[str], float]]  # torch's saved node names, and the seconds it took
+
+
+def torch_min_cut(joint_graph: fx.Graph, node_info: adapter.NodeInfo) -> MinCut:
+    """torch's own decision for the graph (its default partitioner), made when first asked for."""
+
+    def decide() -> tuple[list[str], float]:
+        t0 = time.perf_counter()
+        saved = adapter.min_cut_saved_values(joint_graph, node_info)
+        return [n.name for n in saved], time.perf_counter() - t0
+
+    return Once(decide)
+
+
+def min_cut_figures(problem: Problem, min_cut: MinCut) -> dict[str, object]:
+    """torch's own plan for the graph, scored by remat's model."""
+    names, seconds = min_cut()
+    peak, added = score_peer(problem, names, "torch-min-cut")
+    return {"min_cut_peak_bytes": peak, "min_cut_overhead_seconds": added, "min_cut_seconds": seconds}
+
+
+def min_cut_candidates(problem: Problem, min_cut: MinCut) -> list[Solution]:
+    """torch's plan as a candidate for a binding budget: remat's plan is never slower under the model."""
+    plan = peer_plan(problem, min_cut()[0], "torch-min-cut")
+    return [] if plan is None else [plan]
+
+
+def defer_min_feasible(plan: GraphPlan) -> None:
+    """The model's smallest feasible budget: now if the smallest-peak plan is solved
+    already (the budget bound), else when first read."""
+    if plan.lowest.done:
+        plan.figures.update(min_feasible_figures(plan.lowest(), plan.request))
+    else:
+        plan.defer(lambda: min_feasible_figures(plan.lowest(), plan.request), *MIN_FEASIBLE)
+
+
+def plan_at(base: GraphPlan, budget_bytes: int | None) -> GraphPlan | BudgetError:
+    """``base``'s profiled problem solved again at ``budget_bytes`` (``remat.sweep``): nothing
+    is captured or profiled again, the smallest-peak plan is shared (solved at most once for
+    every budget), and so are torch's min-cut figures."""
+    request = replace(base.request, solve=replace(base.request.solve, budget_bytes=budget_bytes))
+    try:
+        solution, store_all = solve(base.problem, request.solve, base.lowest)
+    except BudgetError as exc:
+        return exc
+    plan = GraphPlan(base.problem, solution, store_all, request, request.solve.target, base.forward_names,
+                     base.random_names, base.lowest, deferred=[d for d in base.deferred if d[0] == MIN_CUT],
+                     names=base.names)
+    defer_min_feasible(plan)
+    return plan
+
+STEP_NOTE = "the budget bounds the step: counted "
+
+
+def scope_note(scope: RankScope | None, world_size: int, budget_scope: str) -> str | None:
+    """What a budget bounds for this graph, when that is not simply the graph's whole step."""
+    if scope is not None and scope.process:
+        eager = (f"{format_bytes(scope.eager_bytes)} reserved for the eager code after the graph (three times its "
+                 "outputs that a backward reaches: a loss outside the model), measured on the first step and counted from "
+                 "the next" if scope.eager_reserved else
+                 f"{format_bytes(scope.eager_bytes)} of eager code after the graph (such as a loss computed outside "
+                 "the model), measured on the first step")
+        return f"{STEP_NOTE}{eager}"
+    if scope is not None:
+        return (f"the budget bounds the rank's step ({scope.wrapper}): counted {format_bytes(scope.resident_bytes)} "
+                f"resident, {format_bytes(scope.comm_bytes)} of communication buffers and {scope.copies} other "
+                "copies of this graph's kept activations and inputs"
+                + (f", {format_bytes(scope.eager_bytes)} of eager head and loss" if scope.eager_bytes else
+                   "; the eager head and loss are measured on the first step and counted from the next"))
+    if world_size > 1:
+        return ("the budget bounds this graph's own step (budget_scope=\"graph\"): memory the rank holds outside "
+                "it (other graphs' kept activations, FSDP's unsharded parameters and buffers, shards, eager code) "
+                "is not counted")
+    return None
+
+
+def one_line(plan: GraphPlan) -> str:
+    """A log line: the plan's peak, store-all's, and what it recomputes."""
+    return (f"predicted peak {format_bytes(plan.solution.peak_bytes)} (store-all "
+            f"{format_bytes(plan.store_all.peak_bytes)}), {len(plan.solution.recomputed)} values recomputed, "
+            f"solver {plan.solution.solver} ({plan.solution.status.value})")
