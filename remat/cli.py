@@ -26,10 +26,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from .cli_output import sweep_timings, timings_table, write_fit, write_sweep
 from .options import add_flags, flag_of, given
 
 if TYPE_CHECKING:
-    from .frontier import Frontier
     from .report import Report
 
 MODULE_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -158,19 +158,6 @@ def show(report: Report, args: argparse.Namespace) -> None:
         print(timings_table(report.timings), file=sys.stderr if args.json else sys.stdout)
 
 
-def timings_table(timings: dict[str, float]) -> str:
-    """Compile seconds by phase, and the total.
-
-    >>> print(timings_table({"capture": 1.5, "inductor": 10.0}))
-    phase       seconds
-    capture        1.50
-    inductor      10.00
-    total         11.50
-    """
-    rows = [*timings.items(), ("total", sum(timings.values()))]
-    return "\n".join([f"{'phase':<10}{'seconds':>9}", *(f"{phase:<10}{seconds:>9.2f}" for phase, seconds in rows)])
-
-
 def cmd_sweep(args: argparse.Namespace) -> None:
     import remat
 
@@ -188,30 +175,6 @@ def cmd_sweep(args: argparse.Namespace) -> None:
 
 
 SWEEP_TIMINGS = "seconds solving (every budget) and in the rest: capture, profile, --measure's steps"
-
-
-def sweep_timings(rows: list[dict[str, Any]], seconds: float) -> dict[str, float]:
-    """A sweep's ``seconds`` split into its budgets' solves (the rows' ``solve_seconds``) and the rest.
-
-    >>> sweep_timings([{"solve_seconds": 0.5}, {"feasible": False}, {"solve_seconds": 0.25}], 2.0)
-    {'solve': 0.75, 'other': 1.25}
-    """
-    solving = sum(row.get("solve_seconds") or 0.0 for row in rows)
-    return {"solve": solving, "other": max(0.0, seconds - solving)}
-
-
-def write_sweep(frontier: Frontier, out: Path) -> list[str]:
-    """sweep.json, sweep.md and (with matplotlib) sweep.png in ``out``: the paths written."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "sweep.json").write_text(frontier.to_json(indent=2) + "\n")
-    (out / "sweep.md").write_text(frontier.to_markdown())
-    written = ["sweep.json", "sweep.md"]
-    try:
-        frontier.plot().savefig(out / "sweep.png", dpi=120)
-        written.append("sweep.png")
-    except ImportError as exc:
-        print(f"remat: no sweep.png: {exc}", file=sys.stderr)
-    return [str(out / name) for name in written]
 
 
 def cmd_fit(args: argparse.Namespace) -> None:
@@ -268,22 +231,6 @@ def load_callable(spec: str) -> Any:
     if not callable(found):
         raise UsageError(f"module {module_name!r} has no callable {name!r}")
     return found
-
-
-def write_fit(found: Any, out: Path) -> list[str]:
-    """fit.json, fit.md and (with matplotlib) fit.png in ``out``: the paths written."""
-    import json
-
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "fit.json").write_text(json.dumps(found.to_dict(), indent=2) + "\n")
-    (out / "fit.md").write_text(found.to_markdown() + "\n")
-    written = ["fit.json", "fit.md"]
-    try:
-        found.plot().figure.savefig(out / "fit.png", dpi=120)
-        written.append("fit.png")
-    except ImportError as exc:
-        print(f"remat: no fit.png: {exc}", file=sys.stderr)
-    return [str(out / name) for name in written]
 
 
 def cmd_demo(args: argparse.Namespace) -> None:

@@ -69,23 +69,23 @@ class Frontier(Deferring):
         return json.dumps(self.to_dict(), **kwargs)
 
     def to_pandas(self) -> Any:
-        from .render import frontier_frame
+        from .render_frontier import frontier_frame
 
         return frontier_frame(self)
 
     def to_markdown(self) -> str:
-        from .render import frontier_markdown
+        from .render_frontier import frontier_markdown
 
         return frontier_markdown(self)
 
     def plot(self) -> Any:
         """A matplotlib Figure: predicted peak against predicted added time."""
-        from .render import frontier_figure
+        from .render_frontier import frontier_figure
 
         return frontier_figure(self)
 
     def _repr_html_(self) -> str:
-        from .render import frontier_html
+        from .render_frontier import frontier_html
 
         return frontier_html(self)
 

@@ -1,29 +1,26 @@
-"""Reports and sweep frontiers for people: tables, HTML cards and figures.
+"""A Report for people: the summary's words, its tables and its memory figure.
 
-pandas and matplotlib are optional (``pip install 'remat[notebook]'``) and
-imported only when a table or a figure is asked for.
+The card (HTML) is in :mod:`remat.render_html` and the sweep frontier's renderings in
+:mod:`remat.render_frontier`; both use the helpers here (``optional``, ``scale``,
+``Unit``, ``summary_rows``). pandas and matplotlib are optional
+(``pip install 'remat[notebook]'``) and imported only when a table or a figure is asked for.
 """
 
 from __future__ import annotations
 
-import html
 import importlib
 import io
 import sys
-from collections import defaultdict
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .errors import format_bytes
-from .report import RULE_LABELS, NodeRow, Report, gap_text, short_op
-
-if TYPE_CHECKING:
-    from .frontier import Frontier
+from .report import RULE_LABELS, Report
+from .report_rows import gap_text
 
 # to_pandas's columns: every NodeRow field, the user's names first
 COLUMNS = ["name", "module", "label", "input_name", "op", "category", "decision", "reason", "bytes",
            "workspace", "flops", "seconds", "added_seconds", "source"]
-TOP_HOLDERS = 8
 
 
 def optional(module: str, what: str) -> Any:
@@ -343,137 +340,3 @@ def shade_modules(ax: Any, report: Report) -> None:
     for start, end, module in named:
         ax.annotate(module, ((start + end) / 2, 1), xycoords=("data", "axes fraction"), xytext=(0, -3),
                     textcoords="offset points", rotation=90, ha="center", va="top", fontsize=6, color="0.35")
-
-
-def row(label: str, value: str) -> str:
-    return (f"<tr><th style='text-align:left'>{html.escape(label)}</th>"
-            f"<td style='text-align:left'>{html.escape(value)}</td></tr>")
-
-
-def table(head: list[str], body: list[list[str]]) -> str:
-    cells = "".join(f"<th style='text-align:left'>{html.escape(h)}</th>" for h in head)
-    rows = "".join("<tr>" + "".join(f"<td style='text-align:left'>{html.escape(c)}</td>" for c in r) + "</tr>"
-                   for r in body)
-    return f"<table><thead><tr>{cells}</tr></thead><tbody>{rows}</tbody></table>"
-
-
-def recomputed_by_category(report: Report) -> list[list[str]]:
-    """Recomputed ops grouped by op type: count, bytes freed, recompute time (one unit)."""
-    groups: dict[str, list[NodeRow]] = defaultdict(list)
-    for n in report.nodes:
-        if n.decision == "recomputed":
-            groups[n.category or "other"].append(n)
-    ordered = sorted(groups.items(), key=lambda kv: -sum(n.bytes for n in kv[1]))
-    fb = Unit.of([sum(n.bytes for n in rows) for _, rows in ordered])
-    return [[category, str(len(rows)), fb(sum(n.bytes for n in rows)),
-             f"{sum(n.added_seconds for n in rows) * 1e3:.3f} ms"] for category, rows in ordered]
-
-
-def top_holders(report: Report) -> list[list[str]]:
-    """Kept activations holding the most memory, with where they come from and why they are kept."""
-    kept = sorted((n for n in report.nodes if n.decision == "kept"), key=lambda n: -n.bytes)[:TOP_HOLDERS]
-    fb = Unit.of([n.bytes for n in kept])
-    return [[module_name(n.module), n.label, short_op(n.op), fb(n.bytes), n.source, n.reason, n.name]
-            for n in kept]
-
-
-def module_table(report: Report) -> list[list[str]]:
-    groups = report.by_module()
-    fb = Unit.of([g["recomputed_bytes"] + g["kept_bytes"] for g in groups])
-    return [[module_name(g["module"]), labels_text(g["recomputed"]), fb(g["recomputed_bytes"]),
-             labels_text(g["kept"]), fb(g["kept_bytes"])] for g in groups]
-
-
-def report_html(report: Report) -> str:
-    """The card a notebook shows for a Report: the summary's outcome and rows, then tables; computes nothing."""
-    fb = table_unit(report)
-    rows = "".join(row(k, v) for k, v in summary_rows(report, fb) if k != "by module")
-    parts = [f"<div class='remat-report'><p><b>remat report</b>: <b>{html.escape(outcome(report, fb))}</b></p>",
-             f"<table>{rows}</table>",
-             "<p><b>By module</b> (activations recomputed and kept)</p>",
-             table(["module", "recomputes", "frees", "keeps", "holds"], module_table(report))
-             if report.by_module() else "<p>no activation recomputed or kept</p>",
-             "<p><b>Largest kept activations</b></p>",
-             table(["module", "value", "op", "size", "source", "reason", "node"], top_holders(report))
-             if report.saved else "<p>none</p>",
-             "<p><b>Recomputed, by op type</b></p>",
-             table(["op type", "values", "bytes freed", "recompute time"], recomputed_by_category(report))
-             if report.recomputed else "<p>nothing recomputed</p>"]
-    parts += [f"<p>note: {html.escape(n)}</p>" for n in report.notes]
-    return "".join(parts) + "</div>"
-
-
-def report_page(report: Report) -> str:
-    """The card as a whole HTML page (``Report.to_html``)."""
-    return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>remat report</title></head>"
-            f"<body>{report_html(report)}</body></html>\n")
-
-
-# --- Frontier --------------------------------------------------------------------
-
-
-def frontier_cells(frontier: Frontier) -> tuple[list[str], list[list[str]]]:
-    head = ["budget", "feasible", "predicted peak", "added time", "recomputed", "status"]
-    if frontier.measured:
-        head += ["measured peak", "step time"]
-    body = []
-    for r in frontier.rows:
-        cells = [format_bytes(r["budget_bytes"]), "yes" if r["feasible"] else "no",
-                 "" if r["predicted_peak_bytes"] is None else format_bytes(r["predicted_peak_bytes"]),
-                 "" if r["predicted_overhead_seconds"] is None else f"{r['predicted_overhead_seconds'] * 1e3:+.3f} ms",
-                 "" if r["recomputed"] is None else str(r["recomputed"]), r["status"]]
-        if frontier.measured:
-            cells += ["" if r.get("measured_peak_bytes") is None else format_bytes(r["measured_peak_bytes"]),
-                      "" if r.get("step_seconds") is None else f"{r['step_seconds'] * 1e3:.1f} ms"]
-        body.append(cells)
-    return head, body
-
-
-def frontier_header(frontier: Frontier) -> str:
-    fb = format_bytes
-    text = (f"store-all peak {fb(frontier.store_all_peak_bytes)}, smallest feasible budget "
-            f"{fb(frontier.min_feasible_bytes)}, compiler {frontier.compiler}, planned on {frontier.device or 'cpu'}")
-    return text + (f", measured on {frontier.measured_device}" if frontier.measured else "")
-
-
-def frontier_html(frontier: Frontier) -> str:
-    head, body = frontier_cells(frontier)
-    return (f"<div class='remat-frontier'><b>remat budget sweep</b><p>{html.escape(frontier_header(frontier))}</p>"
-            f"{table(head, body)}</div>")
-
-
-def frontier_markdown(frontier: Frontier) -> str:
-    head, body = frontier_cells(frontier)
-    lines = ["# remat budget sweep", "", frontier_header(frontier), "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    return "\n".join(lines + ["| " + " | ".join(cells) + " |" for cells in body]) + "\n"
-
-
-def frontier_frame(frontier: Frontier) -> Any:
-    pandas = optional("pandas", "Frontier.to_pandas")
-    return pandas.DataFrame(frontier.rows)
-
-
-def frontier_figure(frontier: Frontier) -> Any:
-    """Predicted peak against predicted added time, one point per feasible budget."""
-    fig = new_figure("Frontier.plot", (6.4, 4.2))
-    ax = fig.add_subplot()
-    feasible = sorted((r for r in frontier.rows if r["feasible"]), key=lambda r: r["predicted_overhead_seconds"])
-    div, unit = scale([frontier.store_all_peak_bytes] + [r["predicted_peak_bytes"] for r in feasible])
-    xs = [r["predicted_overhead_seconds"] * 1e3 for r in feasible]
-    ax.plot(xs, [r["predicted_peak_bytes"] / div for r in feasible], "o-", color="C0", label="predicted peak")
-    for x, r in zip(xs, feasible):
-        ax.annotate(f"budget {format_bytes(r['budget_bytes'])}", (x, r["predicted_peak_bytes"] / div),
-                    xytext=(5, 4), textcoords="offset points", fontsize=7, color="0.3")
-    if frontier.measured:
-        measured = [(x, r["measured_peak_bytes"]) for x, r in zip(xs, feasible)
-                    if r.get("measured_peak_bytes") is not None]
-        ax.plot([x for x, _ in measured], [m / div for _, m in measured], "s", color="C1",
-                label=f"measured peak ({frontier.measured_device})")
-    ax.axhline(frontier.store_all_peak_bytes / div, color="0.6", linestyle="--", label="keep everything")
-    ax.axhline(frontier.min_feasible_bytes / div, color="C3", linestyle=":", label="smallest feasible budget")
-    ax.set_xlabel("predicted added time (ms per step)")
-    ax.set_ylabel(f"peak memory ({unit})")
-    ax.set_title("remat: memory against recompute time", fontsize=10)
-    ax.legend(fontsize=8)
-    return fig

@@ -71,10 +71,11 @@ def test_solvers_import_no_torch(path: Path) -> None:
     assert not heavy, f"solvers stay torch-free: {path.name} imports {heavy}"
 
 
-def test_report_imports_no_torch() -> None:
-    path = PACKAGES["remat"] / "report.py"
+@pytest.mark.parametrize("name", ["report.py", "report_rows.py"])
+def test_report_imports_no_torch(name: str) -> None:
+    path = PACKAGES["remat"] / name
     heavy = [m for _, m in imported(path, "remat") if m.split(".")[0] == "torch" or layer_of(m) == "remat.passes"]
-    assert not heavy, f"remat/report.py reads plain records only: it imports {heavy}"
+    assert not heavy, f"remat/{name} reads plain records only: it imports {heavy}"
 
 
 def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
