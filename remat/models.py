@@ -1,8 +1,9 @@
 """The built-in models' modules and configs, written from scratch (the registry that builds
 them with example inputs is :mod:`remat.zoo`).
 
-GPT-style (fused SDPA or explicit softmax attention), Llama-style, ResNet-style
-conv net, ViT and a dropout MLP. Every model's ``forward`` returns a scalar loss.
+GPT-style (fused SDPA or explicit softmax attention), Llama-style and a dropout MLP; the image
+models (ResNet-style conv net, ViT) are in :mod:`remat.vision_models`. Every model's ``forward``
+returns a scalar loss.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from torch import nn
 
 Inputs = tuple[torch.Tensor, ...]
 
-IMAGE_CHANNELS = 3
 ATTENTION_KINDS = ("sdpa", "softmax")
 
 
@@ -92,31 +92,6 @@ class LlamaConfig(TransformerShape):
         super().__post_init__()
         if (self.d_model // self.heads) % 2:
             raise ValueError("rotary embeddings need an even head dimension")
-
-
-@dataclass(frozen=True)
-class ConvNetConfig:
-    """ResNet style image classifier."""
-
-    channels: int = 8
-    blocks: int = 2
-    image: int = 16
-    classes: int = 10
-    batch: int = 4
-
-
-@dataclass(frozen=True)
-class ViTConfig(TransformerShape):
-    """Vision transformer classifier with a cls token."""
-
-    patch: int = 4
-    image: int = 16
-    classes: int = 10
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.image % self.patch:
-            raise ValueError(f"image={self.image} is not divisible by patch={self.patch}")
 
 
 @dataclass(frozen=True)
@@ -373,79 +348,6 @@ class Llama(nn.Module):
         cos, sin = self.rope_cos[:t], self.rope_sin[:t]
         x = run_blocks(self.blocks, self.tok_emb(idx), self.graph_break_after, cos, sin)
         return self.lm_head(self.norm(x))
-
-
-# --------------------------------------------------------------------------
-# ConvNet
-# --------------------------------------------------------------------------
-
-
-def _conv_bn(c_in: int, c_out: int) -> list[nn.Module]:
-    """A bias-free 3x3 same-padding conv followed by BatchNorm."""
-    return [nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out)]
-
-
-class ResidualBlock(nn.Module):
-    """conv-bn-relu-conv-bn plus identity, then relu."""
-
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.body = nn.Sequential(*_conv_bn(channels, channels), nn.ReLU(), *_conv_bn(channels, channels))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Apply the block to ``x`` (N, C, H, W)."""
-        return F.relu(x + self.body(x))
-
-
-class ConvNet(nn.Module):
-    """ResNet style classifier returning the cross-entropy loss."""
-
-    def __init__(self, cfg: ConvNetConfig) -> None:
-        super().__init__()
-        self.stem = nn.Sequential(*_conv_bn(IMAGE_CHANNELS, cfg.channels), nn.ReLU())
-        self.blocks = nn.Sequential(*(ResidualBlock(cfg.channels) for _ in range(cfg.blocks)))
-        self.head = nn.Linear(cfg.channels, cfg.classes)
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Loss of classifying images ``x`` (N, 3, H, W) as labels ``y`` (N,)."""
-        return F.cross_entropy(self.predict(x), y)
-
-    def predict(self, x: torch.Tensor) -> torch.Tensor:
-        """Class logits (N, classes) of images ``x`` (N, 3, H, W)."""
-        h = self.blocks(self.stem(x))
-        h = F.adaptive_avg_pool2d(h, 1).flatten(1)
-        return self.head(h)
-
-
-# --------------------------------------------------------------------------
-# ViT
-# --------------------------------------------------------------------------
-
-
-class ViT(nn.Module):
-    """Vision transformer classifying from its cls token, returning the loss."""
-
-    def __init__(self, cfg: ViTConfig) -> None:
-        super().__init__()
-        patches = (cfg.image // cfg.patch) ** 2
-        self.patch_emb = nn.Conv2d(IMAGE_CHANNELS, cfg.d_model, cfg.patch, stride=cfg.patch)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.d_model))
-        self.pos_emb = nn.Parameter(0.02 * torch.randn(1, patches + 1, cfg.d_model))
-        self.blocks = nn.ModuleList(Block(cfg.d_model, cfg.heads, causal=False) for _ in range(cfg.layers))
-        self.graph_break_after = cfg.graph_break_after
-        self.norm = nn.LayerNorm(cfg.d_model)
-        self.head = nn.Linear(cfg.d_model, cfg.classes)
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Loss of classifying images ``x`` (N, 3, H, W) as labels ``y`` (N,)."""
-        return F.cross_entropy(self.predict(x), y)
-
-    def predict(self, x: torch.Tensor) -> torch.Tensor:
-        """Class logits (N, classes) of images ``x`` (N, 3, H, W), from the cls token."""
-        patches = self.patch_emb(x).flatten(2).transpose(1, 2)
-        cls = self.cls_token.expand(patches.shape[0], -1, -1)
-        h = run_blocks(self.blocks, torch.cat((cls, patches), dim=1) + self.pos_emb, self.graph_break_after)
-        return self.head(self.norm(h[:, 0]))
 
 
 # --------------------------------------------------------------------------

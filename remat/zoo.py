@@ -26,19 +26,15 @@ from torch import nn
 
 from .models import (
     GPT,
-    IMAGE_CHANNELS,
-    ConvNet,
-    ConvNetConfig,
     DropoutMLP,
     GPTConfig,
     Inputs,
     Llama,
     LlamaConfig,
     MLPConfig,
-    ViT,
-    ViTConfig,
     next_token_loss,
 )
+from .vision_models import IMAGE_CHANNELS, ConvNet, ConvNetConfig, ViT, ViTConfig
 
 __all__ = ["GPT", "GPTConfig", "Llama", "LlamaConfig", "ConvNet", "ConvNetConfig", "ViT", "ViTConfig",
            "DropoutMLP", "MLPConfig", "MODELS", "ModelSpec", "LossOutside", "build", "build_loss_outside", "names"]

@@ -13,7 +13,12 @@ import re
 
 import pytest
 
-from bench import peak_diff
+from bench.peak_diff import live_sets
+from bench.peak_diff_compiled import compiled_live_set, pairs
+from bench.peak_diff_eager import Context, enclosing, live_at_peak
+from bench.peak_diff_live_set import PROGRAMS, LiveSet, group_of, short_op, unwrapped
+from bench.peak_diff_replay import Lowered
+from bench.peak_diff_report import diff_rows, markdown
 from remat import zoo
 from remat.passes import inductor_account as account
 
@@ -22,12 +27,12 @@ BLOCK_INPUT_BYTES = TINY["batch"] * TINY["seq"] * TINY["d_model"] * 4  # float32
 
 
 @pytest.fixture(scope="module")
-def sets() -> dict[str, peak_diff.LiveSet]:
+def sets() -> dict[str, LiveSet]:
     model, inputs = zoo.build("gpt-softmax", **TINY)
-    return peak_diff.live_sets(model, inputs)
+    return live_sets(model, inputs)
 
 
-@pytest.mark.parametrize("program", peak_diff.PROGRAMS)
+@pytest.mark.parametrize("program", PROGRAMS)
 def test_each_live_set_adds_up_to_its_measured_peak(sets, program: str) -> None:
     live = sets[program]
     assert live.live_bytes == live.measured_bytes, (live.live_bytes, live.measured_bytes, live.notes)
@@ -83,10 +88,10 @@ def test_the_replay_is_the_accounts_walk(sets) -> None:
 
 
 def test_the_summary_shows_what_compiled_programs_hold_beyond_eager(sets) -> None:
-    rows = peak_diff.diff_rows(sets)
+    rows = diff_rows(sets)
     assert all(max(r["bytes"]["b"], r["bytes"]["c"]) > r["bytes"]["a"] for r in rows)
-    text = peak_diff.markdown(sets, "title", "command")
-    for program in peak_diff.PROGRAMS:
+    text = markdown(sets, "title", "command")
+    for program in PROGRAMS:
         assert f"{sets[program].measured_bytes / 2 ** 20:.2f}" in text
 
 
@@ -94,13 +99,13 @@ def test_live_at_peak_pairs_allocations_and_frees_by_address() -> None:
     """A synthetic event stream: memory freed that was allocated before the step counts against
     the step, an address reused after a free is a new allocation, and the first highest total is
     the peak."""
-    ctx = peak_diff.Context(False, "", "op", "", None)
+    ctx = Context(False, "", "op", "", None)
     events = [(100, 1, 40), (200, 2, 40), (100, 1, -40), (300, 3, 60), (999, 9, -8), (100, 4, 40), (300, 3, -60)]
     total, memory = 0, []
     for addr, _, nbytes in events:
         total += nbytes
         memory.append({"args": {"Addr": addr, "Bytes": nbytes, "Total Allocated": 1000 + total}})
-    peak, alive, before = peak_diff.live_at_peak(memory, [ctx] * len(memory))
+    peak, alive, before = live_at_peak(memory, [ctx] * len(memory))
     assert peak == 5 and before == 8
     assert sorted((a.addr, a.bytes) for a in alive) == [(100, 40), (200, 40), (300, 60)]
     assert sum(a.bytes for a in alive) - before == max(m["args"]["Total Allocated"] for m in memory) - 1000
@@ -111,22 +116,22 @@ def test_enclosing_finds_the_ranges_around_each_time() -> None:
     outer = {"name": "outer", "ts": 0.0, "dur": 10.0}
     inner = {"name": "inner", "ts": 2.0, "dur": 3.0}
     later = {"name": "later", "ts": 6.0, "dur": 1.0}
-    stacks = peak_diff.enclosing([later, inner, outer], [1.0, 3.0, 5.0, 5.5, 6.5, 11.0])
+    stacks = enclosing([later, inner, outer], [1.0, 3.0, 5.0, 5.5, 6.5, 11.0])
     assert [[e["name"] for e in s] for s in stacks] == [
         ["outer"], ["outer", "inner"], ["outer", "inner"], ["outer"], ["outer", "later"], []]
 
 
 def test_names_compare_across_programs() -> None:
-    assert peak_diff.short_op("aten::addmm") == peak_diff.short_op("aten.addmm.default") == "addmm"
-    assert peak_diff.unwrapped("blocks.3.block.attn.qkv") == "blocks.3.attn.qkv"
-    assert peak_diff.group_of("blocks.3.attn.qkv") == "blocks.*.attn"
-    assert peak_diff.group_of("lm_head") == "lm_head" and peak_diff.group_of("") == "(model's own code)"
+    assert short_op("aten::addmm") == short_op("aten.addmm.default") == "addmm"
+    assert unwrapped("blocks.3.block.attn.qkv") == "blocks.3.attn.qkv"
+    assert group_of("blocks.3.attn.qkv") == "blocks.*.attn"
+    assert group_of("lm_head") == "lm_head" and group_of("") == "(model's own code)"
 
 
 def test_a_capture_pairs_forward_and_backward() -> None:
     program = account.Program(inputs={})
-    fwd, bwd = peak_diff.Lowered(program, {}, False), peak_diff.Lowered(program, {}, True)
-    assert peak_diff.pairs([fwd, fwd, bwd, bwd, fwd]) == [(fwd, bwd)]
+    fwd, bwd = Lowered(program, {}, False), Lowered(program, {}, True)
+    assert pairs([fwd, fwd, bwd, bwd, fwd]) == [(fwd, bwd)]
 
 
 def test_torch_compiles_checkpointed_sdpa_program_is_read_whole() -> None:
@@ -135,7 +140,7 @@ def test_torch_compiles_checkpointed_sdpa_program_is_read_whole() -> None:
     line allocates, and its RNG states reach the backward under other names. The live set counts
     each once, and adds up to the measured peak; ``inductor_account``'s own figure does not."""
     model, inputs = zoo.build("llama", **TINY)
-    live = peak_diff.compiled_live_set(model, inputs)
+    live = compiled_live_set(model, inputs)
     assert live.live_bytes == live.measured_bytes, live.notes
     assert any("no wrapper line allocates" in n for n in live.notes), live.notes
     assert any("rng_state_output_0" in n for n in live.notes), live.notes
