@@ -19,21 +19,16 @@ non-tensor arguments) instead of being measured again.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
-import math
 import operator
-import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 import torch.fx as fx
-from torch.utils.flop_counter import FlopCounterMode
 
 from .progress import progress
 
@@ -41,6 +36,7 @@ from . import torch_adapter as adapter
 from .devices import DeviceSpec, planned_for
 from .cost_table import CostTable, signature
 from .taxonomy import is_alias, node_kind
+from .timing import MIN_SAMPLES, caller_rng_kept, count_flops, measure_workspace, time_call
 
 log = logging.getLogger(__name__)
 
@@ -181,93 +177,6 @@ def cache_key(node: fx.Node) -> tuple:
 
     key = (str(node.target), repr(adapter.tree_map(describe, node.args)), repr(adapter.tree_map(describe, node.kwargs)))
     return (*key, "channels_last") if node.meta.get(CHANNELS_LAST) else key
-
-
-# Decisions must not follow timing noise: two processes (or two ranks) that time an op
-# differently would choose different plans. The fastest of several runs is what the op
-# costs with no interference (a slower sample measures a stalled thread, not the op), and
-# a time on a grid of QUANTUM steps is the same in every process unless it sits on a step.
-# On the CPU ops are timed on one thread: with several, a parallel op waits for its slowest
-# thread, and on a loaded machine every run of it can wait out another process's time slice
-# (a 25 us op measured at 8 ms in every sample). One thread's times rank ops the same way.
-MIN_SAMPLES, MAX_SAMPLES = 5, 50
-SAMPLE_SECONDS = 2e-3  # keep sampling a fast op until this much time was measured
-QUANTUM = 2 ** 0.25  # a grid step: 19 %, coarser than run-to-run spread of the fastest run
-
-
-def quantize_seconds(seconds: float) -> float:
-    """``seconds`` on a geometric grid of ``QUANTUM`` steps (0 stays 0).
-
-    >>> quantize_seconds(1.0), quantize_seconds(1.05) == quantize_seconds(0.97)
-    (1.0, True)
-    """
-    if seconds <= 0:
-        return 0.0
-    steps = round(math.log(seconds, QUANTUM))
-    return QUANTUM ** steps
-
-
-def time_call(fn: Callable[[], Any], device: torch.device, repeats: int = MIN_SAMPLES) -> float:
-    """Seconds of ``fn``'s fastest run after one warm-up (CUDA events on GPU; one thread on
-    the CPU), on the grid."""
-    with one_thread() if device.type == "cpu" else contextlib.nullcontext():
-        return quantize_seconds(min(samples_of(fn, device, repeats)))
-
-
-@contextlib.contextmanager
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-def samples_of(fn: Callable[[], Any], device: torch.device, repeats: int) -> list[float]:
-    fn()
-    samples: list[float] = []
-    while len(samples) < max(repeats, 1) or (sum(samples) < SAMPLE_SECONDS and len(samples) < MAX_SAMPLES):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize(device)
-            samples.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - t0)
-    return samples
-
-
-def count_flops(fn: Callable[[], Any]) -> float:
-    counter = FlopCounterMode(display=False)
-    with counter:
-        fn()
-    return float(counter.get_total_flops())
-
-
-def measure_workspace(fn: Callable[[], Any], device: torch.device, out_bytes: int) -> int:
-    """Scratch bytes an op allocates beyond its outputs, at its peak (call it on the measuring
-    thread: :func:`profile_graph` runs there)."""
-    # the smaller of two runs: a first call may allocate caches it keeps
-    peak = min(adapter.thread_memory_peak(fn, device), adapter.thread_memory_peak(fn, device))
-    return max(0, peak - out_bytes)
-
-
-@contextlib.contextmanager
-def caller_rng_kept(device: torch.device) -> Iterator[None]:
-    """Random inputs (and random ops measured alone) draw from a stream seeded here, and the
-    caller's random state is as it was afterwards: a step's random numbers after remat's first
-    step are eager's, and two processes measure ops on the same inputs."""
-    cuda = [device.index or 0] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=cuda):
-        torch.random.default_generator.manual_seed(0)
-        for index in cuda:
-            torch.cuda.default_generators[index].manual_seed(0)
-        yield
 
 
 def device_of(graph: fx.Graph) -> torch.device:

@@ -24,7 +24,8 @@ from .simulate import canonical, evaluate
 from .solution import Solution, Status
 
 if TYPE_CHECKING:
-    from .ilp import ILPConfig, Model
+    from .ilp import ILPConfig
+    from .ilp_model import Model
 
 THRESHOLDS = (0.05, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
 LP_SHARE = 0.5  # of the solve's time limit, at most, for the relaxation

@@ -22,7 +22,8 @@ from .simulate import timeline
 from .solution import Solution
 
 if TYPE_CHECKING:
-    from .ilp import ILPConfig, Model, Objective
+    from .ilp import ILPConfig
+    from .ilp_model import Model, Objective
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import pathlib
 import pytest
 import torch
 
-from remat.passes import cost_table, profile
+from remat.passes import cost_table, profile, timing
 from remat.passes.cost_table import CostTable
 from tests.conftest import build
 from tests.passes.helpers import capture
@@ -102,10 +102,10 @@ def test_an_unwritable_folder_warns(tmp_path: pathlib.Path, caplog: pytest.LogCa
 
 
 def test_times_are_on_a_grid() -> None:
-    step = profile.QUANTUM ** -60  # a point of the grid
-    assert profile.quantize_seconds(step * 1.05) == profile.quantize_seconds(step / 1.05) == pytest.approx(step)
-    assert profile.quantize_seconds(step * profile.QUANTUM) > profile.quantize_seconds(step)
-    assert profile.quantize_seconds(0.0) == 0.0
+    step = timing.QUANTUM ** -60  # a point of the grid
+    assert timing.quantize_seconds(step * 1.05) == timing.quantize_seconds(step / 1.05) == pytest.approx(step)
+    assert timing.quantize_seconds(step * timing.QUANTUM) > timing.quantize_seconds(step)
+    assert timing.quantize_seconds(0.0) == 0.0
 
 
 def test_an_analytic_profile_reads_no_cost_measured_before_in_the_process() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 
 @pytest.mark.parametrize("module", ["remat.budget", "remat.solvers.errors", "remat.lazy", "remat.passes.profile",
-                                    "remat.passes.torch_adapter.profiler",
+                                    "remat.passes.timing", "remat.passes.torch_adapter.profiler",
                                     "remat.solvers.plan",
                                     "remat.zoo"])
 def test_docstring_examples(module: str) -> None:
