@@ -12,10 +12,11 @@ for the next.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch.fx as fx
 
@@ -23,12 +24,17 @@ from remat.solvers.errors import PlanError
 
 from . import torch_adapter as adapter
 from .graph_plan import GraphPlan
+from .memory import realized_peak, recomputed_in
 from .rank_scope import RankScope
 
-if TYPE_CHECKING:
-    from .partition import Planner
-
+log = logging.getLogger(__name__)
 Compile = Callable[..., Callable[..., Any]]
+
+
+class Chooser(Protocol):
+    """What answers torch's partitioner for an attempt: ``passes/partition.py``'s ``Planner``."""
+
+    def choose(self, attempt: Attempt, joint_graph: fx.Graph, node_info: Any) -> list[fx.Node]: ...
 
 
 class CompileStopped(Exception):
@@ -90,8 +96,6 @@ class Attempt:
     def on_graph(self, gm: fx.GraphModule, kind: str) -> None:
         """Called with each partitioned graph of this compile before it is compiled (a backward
         may come later, at its first call)."""
-        from .partition import check_realized
-
         plan = self.plan
         if plan is None:
             if kind == "backward":
@@ -110,16 +114,39 @@ class Attempt:
 
 
 @contextlib.contextmanager
-def choosing(planner: Planner, attempt: Attempt) -> Iterator[None]:
+def choosing(planner: Chooser, attempt: Attempt) -> Iterator[None]:
     """torch's partitioner asks ``planner`` for the saved values, on behalf of ``attempt``, in the block."""
     with adapter.saved_values_chooser(lambda graph, info: planner.choose(attempt, graph, info)):
         yield
 
 
-def compile_attempt(gm: fx.GraphModule, example_inputs: Any, planner: Planner, attempt: Attempt,
+def compile_attempt(gm: fx.GraphModule, example_inputs: Any, planner: Chooser, attempt: Attempt,
                     compile_graph: Compile, *, within: contextlib.AbstractContextManager | None = None,
                     **options: Any) -> Callable[..., Any]:
     """Compile ``gm`` once for ``attempt`` (``within``: a context entered inside the chooser's, such
     as AOTAutograd's cache keyed on a plan); its plan is ``attempt.plan`` afterwards."""
     with choosing(planner, attempt), (within or contextlib.nullcontext()):
         return compile_graph(gm, example_inputs, on_graph=attempt.on_graph, **options)
+
+
+def check_realized(plan: GraphPlan) -> None:
+    """The graphs torch built must do what the plan says (the self-check of docs/design.md)."""
+    forward, backward = plan.graphs["forward"], plan.graphs["backward"]
+    again = recomputed_in(backward, plan.forward_names)
+    if again & plan.random_names:
+        raise PlanError(f"random ops would be recomputed with fresh randomness: {sorted(again & plan.random_names)}")
+    extra = again - plan.solution.recomputed
+    if extra:
+        plan.notes.append(f"backward recomputes {len(extra)} values the plan keeps or frees: {sorted(extra)[:5]}")
+    peak = realized_peak(forward, backward)
+    plan.realized_peak_bytes = peak
+    predicted = plan.solution.peak_bytes
+    # Unfused, the realized graphs must peak where the plan says; Inductor's
+    # fusion makes the prediction lower than this op-by-op figure on purpose.
+    if plan.request.compiler == "eager" and peak > predicted:
+        plan.notes.append(f"realized graphs peak at {peak} bytes, above the predicted {predicted}")
+        log.warning(plan.notes[-1])
+        budget = plan.request.budget_bytes
+        if budget is not None and peak > budget:  # op by op, this peak is the one the step will reach
+            raise PlanError(f"the partitioned graphs would peak at {peak} bytes, over the budget of {budget}; "
+                            f"please report this graph, and meanwhile pass headroom= to plan below the budget")

@@ -6,7 +6,7 @@
 :class:`Problem`, solves it under the budget and hands back the nodes to save. torch
 then builds the forward and backward graphs, recomputing in the backward every forward
 value it needs and was not handed, just before its first use. When those graphs arrive
-for compilation they are checked against the plan (:func:`check_realized`).
+for compilation they are checked against the plan (``attempt.check_realized``).
 
 The planner holds what every compile of a model shares (the request, the plan cache, the
 timing cache, smallest-peak plans and compiled programs' peaks by decision); what one compile
@@ -22,7 +22,7 @@ from dataclasses import replace
 import torch.fx as fx
 
 from remat.solvers.baselines import store_all
-from remat.solvers.errors import PlanError, format_bytes
+from remat.solvers.errors import format_bytes
 from remat.solvers.plan import Lowest, Once, lowest_of, peer_rules, solve
 from remat.solvers.problem import Problem
 from remat.solvers.simulate import evaluate
@@ -34,7 +34,6 @@ from .attempt import Attempt, GraphSetting
 from .rank_scope import RankScope
 from .graph_plan import (MIN_CUT, MIN_FEASIBLE, NO_MIN_CUT, PEER_RULES, GraphPlan, MinCut, defer_min_feasible,
                          min_cut_candidates, min_cut_figures, one_line, scope_note, torch_min_cut)
-from .memory import realized_peak, recomputed_in
 from .names import names_of, names_of_inputs
 from .policies import in_checkpoint_region
 from .problem import build_problem, unfolded_adds
@@ -267,27 +266,3 @@ def region_notes(joint_graph: fx.Graph, forward: set[str], regions: str) -> list
                 "(checkpoint_regions=\"plan\")"]
     return [f"{inside} ops inside torch.utils.checkpoint regions recomputed as the model asks "
             "(checkpoint_regions=\"plan\" lets remat decide)"]
-
-
-
-def check_realized(plan: GraphPlan) -> None:
-    """The graphs torch built must do what the plan says (the self-check of docs/design.md)."""
-    forward, backward = plan.graphs["forward"], plan.graphs["backward"]
-    again = recomputed_in(backward, plan.forward_names)
-    if again & plan.random_names:
-        raise PlanError(f"random ops would be recomputed with fresh randomness: {sorted(again & plan.random_names)}")
-    extra = again - plan.solution.recomputed
-    if extra:
-        plan.notes.append(f"backward recomputes {len(extra)} values the plan keeps or frees: {sorted(extra)[:5]}")
-    peak = realized_peak(forward, backward)
-    plan.realized_peak_bytes = peak
-    predicted = plan.solution.peak_bytes
-    # Unfused, the realized graphs must peak where the plan says; Inductor's
-    # fusion makes the prediction lower than this op-by-op figure on purpose.
-    if plan.request.compiler == "eager" and peak > predicted:
-        plan.notes.append(f"realized graphs peak at {peak} bytes, above the predicted {predicted}")
-        log.warning(plan.notes[-1])
-        budget = plan.request.budget_bytes
-        if budget is not None and peak > budget:  # op by op, this peak is the one the step will reach
-            raise PlanError(f"the partitioned graphs would peak at {peak} bytes, over the budget of {budget}; "
-                            f"please report this graph, and meanwhile pass headroom= to plan below the budget")
