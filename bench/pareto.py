@@ -27,6 +27,7 @@ from bench.peers import Peer
 from remat.errors import GIB, BudgetError
 from remat.measure import budget_peak
 from remat.passes import torch_adapter as adapter
+from remat.passes.timing import seconds_of_call
 
 log = logging.getLogger(__name__)
 SWEEP = (0.0, 0.25, 0.5, 0.75)  # of the way from remat's smallest feasible budget to store-all
@@ -86,20 +87,7 @@ def autocast(setup: Setup) -> contextlib.AbstractContextManager:
 
 def timed_steps(step: Callable[[], None], device: str, steps: int) -> list[float]:
     """Seconds of each of ``steps`` calls; CUDA events on GPU, wall clock on the CPU."""
-    samples = []
-    for _ in range(steps):
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            torch.cuda.synchronize()
-            samples.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            step()
-            samples.append(time.perf_counter() - t0)
-    return samples
+    return [seconds_of_call(step, torch.device(device)) for _ in range(steps)]
 
 
 def measure(row: Row, model: nn.Module, run: Callable[..., torch.Tensor], inputs: tuple, setup: Setup) -> Row:

@@ -34,7 +34,7 @@ from .attempt import Attempt, GraphSetting
 from .rank_scope import RankScope
 from .graph_plan import (MIN_CUT, MIN_FEASIBLE, NO_MIN_CUT, PEER_RULES, GraphPlan, MinCut, defer_min_feasible,
                          min_cut_candidates, min_cut_figures, one_line, scope_note, torch_min_cut)
-from .names import names_of, names_of_inputs
+from .names import names_of
 from .policies import in_checkpoint_region
 from .problem import build_problem, unfolded_adds
 from .profile import SHARED_TIMINGS, profile_graph
@@ -75,11 +75,6 @@ class Planner:
         self.lowest_by_problem: dict[Problem, Lowest] = {}
         folder = request.plan_cache
         self.disk = plan_cache.PlanCache(folder) if folder is not None else None
-
-    @staticmethod
-    def names_of_inputs(gm: fx.GraphModule) -> dict:
-        """The captured graph's inputs by the user's names, for ``input_names`` (passes/names.py)."""
-        return names_of_inputs(gm)
 
     def choose(self, attempt: Attempt, joint_graph: fx.Graph, node_info: adapter.NodeInfo) -> list[fx.Node]:
         """The nodes ``joint_graph``'s forward hands its backward, for ``attempt`` (its plan is then

@@ -64,18 +64,22 @@ def samples_of(fn: Callable[[], Any], device: torch.device, repeats: int) -> lis
     fn()
     samples: list[float] = []
     while len(samples) < max(repeats, 1) or (sum(samples) < SAMPLE_SECONDS and len(samples) < MAX_SAMPLES):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize(device)
-            samples.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - t0)
+        samples.append(seconds_of_call(fn, device))
     return samples
+
+
+def seconds_of_call(fn: Callable[[], Any], device: torch.device) -> float:
+    """Seconds of one call of ``fn``: CUDA events on GPU (the kernels' time), wall clock elsewhere."""
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize(device)
+    return start.elapsed_time(end) / 1e3
 
 
 def count_flops(fn: Callable[[], Any]) -> float:

@@ -23,6 +23,7 @@ from remat.passes.torch_adapter.meta_capture import captured_as_on, is_meta
 from remat.passes.attempt import Attempt, CompileStopped, GraphSetting, compile_attempt
 from remat.passes.fit import Fitted, compile_fitted, compile_given, defer_min_feasible
 from remat.passes.graph_plan import GraphPlan
+from remat.passes.names import names_of_inputs
 from remat.passes.partition import Planner
 
 from .options import Options
@@ -83,14 +84,20 @@ class RematBackend:
         scope = rank_scope.scope_of(gm, example_inputs, self.planner.request.budget_scope)
         # the module's state the graph does not read is held all the same (a rank scope counts it already)
         setting = GraphSetting(scope=scope, unread_state=0 if scope else rank_scope.unread_state_bytes(example_inputs),
-                               input_names=self.planner.names_of_inputs(gm))  # the report's parameter names
-        compiled, plan = self.agreed(gm, example_inputs, setting)
+                               input_names=names_of_inputs(gm))  # the report's parameter names
+        try:
+            compiled, plan = self.agreed(gm, example_inputs, setting)
+        except CompileStopped as stopped:  # remat.plan: the graph planned, nothing run
+            if stopped.plan is not None:
+                self.plans.append(stopped.plan)
+            raise
         if plan is not None:
             self.plans.append(plan)
         if scope is None or plan is None or self.stop_after_plan:
             return compiled
         # the eager code around the graph (head, loss) is measured on the first step, counted from the next
-        return eager_parts.EagerWatch(compiled, plan, lambda eager: self.replanned(gm, example_inputs, plan, eager),
+        return eager_parts.EagerWatch(compiled, plan,
+                                      lambda eager: self.replanned(gm, example_inputs, setting, plan, eager),
                                       lambda eager: self.recounted(plan, eager), rank_scope.state_storages(example_inputs))
 
     def agreed(self, gm: fx.GraphModule, example_inputs: Sequence[Any], setting: GraphSetting) -> Fitted:
@@ -123,7 +130,6 @@ class RematBackend:
             try:
                 return compile_attempt(gm, example_inputs, self.planner, attempt, compile_eager), attempt.plan
             except CompileStopped as stopped:
-                self.plans.append(attempt.plan)
                 raise stopped.with_plan(attempt.plan)
         # what the plan depends on, known before tracing: where a whole program is stored
         key = program_cache.program_key(gm, example_inputs, self.planner, setting) if setting.record_programs else None
@@ -139,21 +145,19 @@ class RematBackend:
             return compiled, None
         if self.stop_after_plan:  # remat.plan: its smallest feasible budget is the compiled one
             defer_min_feasible(gm, example_inputs, self.planner, setting, adapter.compile_inductor, plan)
-            self.plans.append(plan)
             raise CompileStopped("planned").with_plan(plan)
         if key is not None:  # the next process loads this plan's program whole
             compiled = program_cache.publish(gm, example_inputs, self.planner, setting, adapter.compile_inductor,
                                              compiled, plan, key)
         return compiled, plan
 
-    def replanned(self, gm: fx.GraphModule, example_inputs: Sequence[Any], plan: GraphPlan,
+    def replanned(self, gm: fx.GraphModule, example_inputs: Sequence[Any], setting: GraphSetting, plan: GraphPlan,
                   eager: eager_parts.EagerParts) -> Callable[..., Any]:
         """``plan``'s graph planned and compiled again with ``eager`` parts counted; the new plan takes
         the old one's place among the reports."""
         scope = eager_parts.with_eager(plan.scope, eager)
         eager_parts.remember(scope)
-        setting = GraphSetting(scope=scope, input_names=self.planner.names_of_inputs(gm))
-        compiled, again = self.agreed(gm, example_inputs, setting)
+        compiled, again = self.agreed(gm, example_inputs, dataclasses.replace(setting, scope=scope))
         self.plans[self.plans.index(plan)] = again
         self.built.pop(plan, None)
         return compiled
