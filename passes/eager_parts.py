@@ -42,7 +42,7 @@ from .eager_window import (  # noqa: F401  (re-exported: the watch's vocabulary)
     window_of,
 )
 from .graph_plan import MIN_FEASIBLE, STEP_NOTE, defer_min_feasible, scope_note
-from .rank_scope import HELD_BY_OPEN_GRAPHS, MEASURED_EAGER, storages_of
+from .rank_scope import HELD_BY_OPEN_GRAPHS, MEASURED_EAGER, OpenGraph, storages_of
 from .ranks import largest_on_any_rank
 
 log = logging.getLogger(__name__)
@@ -96,8 +96,11 @@ class EagerWatch:
             self.state = State.DONE
             self.measured = self.window.close()
             self.count()
+        inputs: dict[tuple, int] = {}
         if self.state is State.MEASURING:
             self.window.arm(_device_of(args))
+            # read before the call: a boxed call empties its argument list
+            inputs = {key: n for key, n in storages_of(_leaves(args)).items() if key not in self.model_state}
         try:
             out = self.compiled(*args)
         except BaseException:
@@ -105,7 +108,7 @@ class EagerWatch:
             raise
         if self.state is State.MEASURING:
             self.calls += 1
-            self.watch(out)
+            self.watch(out, inputs)
         return out
 
     def defer(self) -> None:
@@ -119,8 +122,9 @@ class EagerWatch:
         self.state = State.MEASURING
         self.calls = 0
 
-    def watch(self, out: Any) -> None:
-        """A forward call returned: the window opens here, until its outputs' first gradient."""
+    def watch(self, out: Any, inputs: dict[tuple, int]) -> None:
+        """A forward call returned: the window opens here, until its outputs' first gradient. ``inputs``:
+        the call's activation inputs by storage (a batch the caller holds through the step)."""
         self.unhook()
         if self.calls > MAX_CALLS:  # no backward came: count nothing, at the next call
             self.window.cancel()
@@ -132,7 +136,8 @@ class EagerWatch:
         self.window.open(tensors[0].device, sum(t.numel() * t.element_size() for t in tensors))
         self.hooks = [t.register_hook(self.gradient_arrived) for t in tensors]
         if self.plan.scope is not None and self.plan.scope.process:  # a graph compiled now runs beside it
-            HELD_BY_OPEN_GRAPHS[id(self)] = (held_after_forward(self.plan), self.model_state, storages_of(tensors))
+            HELD_BY_OPEN_GRAPHS[id(self)] = OpenGraph(held_after_forward(self.plan), self.model_state,
+                                                      storages_of(tensors), inputs)
             OPEN_WATCHES[id(self)] = self
 
     def gradient_arrived(self, grad: torch.Tensor) -> None:

@@ -126,10 +126,22 @@ def scope_of(gm: fx.GraphModule, example_inputs: Sequence[Any], budget_scope: st
 # The eager window measured after each graph in this process, by the graph's fingerprint: a graph compiled
 # again (another remat.compile or remat.plan of the model) counts what its first step measured
 MEASURED_EAGER: dict[str, Any] = {}  # fingerprint -> passes.eager_parts.EagerParts
-# What each graph of this process holds while its forward has returned and its backward has not begun, by
-# its watch (passes/eager_parts.py keeps it on the first step): a graph compiled then runs beside it
-# (activations, state by storage, outputs by storage)
-HELD_BY_OPEN_GRAPHS: dict[int, tuple[int, dict[tuple, int], dict[tuple, int]]] = {}
+
+
+@dataclass(frozen=True)
+class OpenGraph:
+    """What a graph holds while its forward has returned and its backward has not begun: a graph
+    compiled then runs beside it. By storage: the model state it counts, its outputs (which a later
+    graph may take as inputs) and its activation inputs (a batch the caller holds through the step)."""
+
+    held: int  # the activations it keeps, besides its inputs
+    state: dict[tuple, int]
+    outputs: dict[tuple, int]
+    inputs: dict[tuple, int]
+
+
+# The open graphs of this process, by their watch (passes/eager_parts.py keeps them on the first step)
+HELD_BY_OPEN_GRAPHS: dict[int, OpenGraph] = {}
 
 
 def process_scope(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> RankScope:
@@ -169,16 +181,24 @@ def reserved_eager_bytes(gm: fx.GraphModule) -> int:
 
 def open_graphs_bytes(example_inputs: Sequence[Any]) -> int:
     """What the graphs whose forward returned and whose backward has not begun hold beside a graph
-    compiled now: their activations (less their outputs it takes as inputs: it counts those), and their
-    parameters and buffers it does not hold itself."""
+    compiled now: their activations (less their outputs it takes as inputs: it counts those), the batch
+    inputs they took that it does not, and their parameters and buffers it does not hold itself."""
     own_state = state_storages(example_inputs)
     taken = {_storage_of(t)[0] for t in example_inputs if isinstance(t, torch.Tensor)}
     state: dict[tuple, int] = {}
+    inputs: dict[tuple, int] = {}
+    outputs: set[tuple] = set()
     total = 0
-    for held, graph_state, outputs in HELD_BY_OPEN_GRAPHS.values():
-        state.update(graph_state)
-        total += max(0, held - sum(n for key, n in outputs.items() if key in taken))
-    return total + sum(n for key, n in state.items() if key not in own_state)
+    for graph in HELD_BY_OPEN_GRAPHS.values():
+        state.update(graph.state)
+        inputs.update(graph.inputs)
+        outputs.update(graph.outputs)
+        total += max(0, graph.held - sum(n for key, n in graph.outputs.items() if key in taken))
+    # an open graph's input that no open graph returned and this one does not take: a batch held by the
+    # caller (the first graph's token ids while the last runs), counted by no graph's program
+    counted = taken | outputs | state.keys() | own_state.keys()
+    held_inputs = sum(n for key, n in inputs.items() if key not in counted)
+    return total + held_inputs + sum(n for key, n in state.items() if key not in own_state)
 
 
 def state_storages(example_inputs: Sequence[Any]) -> dict[tuple, int]:

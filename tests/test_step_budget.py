@@ -190,6 +190,20 @@ def test_graphs_of_one_step_share_the_budget() -> None:
     assert_eager_gradients(model, reference, lambda: cross_entropy(reference(x), y).backward())
 
 
+def test_graphs_of_one_step_fit_at_the_smallest_feasible_budget_for_the_step() -> None:
+    """At the tightest budget every byte counts: the second graph runs beside the first's kept values and
+    the batch the first took (held by the caller through the step, taken by no other graph)."""
+    model, (x, y) = TwoGraphs(), batch()
+    warm = remat.compile(model)
+    for _ in range(2):  # the first step measures the eager code, the second counts it
+        cross_entropy(warm(x), y).backward()
+    budget = max(r.min_feasible_bytes for r in remat.reports(warm))
+    torch._dynamo.reset()
+    compiled = remat.compile(model, budget_gb=budget / GIB)
+    steps_within(model, lambda: cross_entropy(compiled(x), y).backward(), budget, x)
+    assert remat.reports(compiled)[1].graphs_bytes >= x.nbytes
+
+
 def test_two_modules_compiled_apart_share_the_budget() -> None:
     whole = TwoGraphs()
     reference = copy.deepcopy(whole)
