@@ -22,6 +22,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 import remat
 from remat.measure import step_peak
 from remat.passes import profile as profile_pass
+from remat.passes.timing import MIN_SAMPLES
 from remat.passes import torch_adapter as adapter
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -66,9 +67,11 @@ def test_profiling_a_remat_step_exports_the_callers_trace(profiled: dict, scenar
 def test_the_ops_remat_measures_are_not_in_the_callers_trace(profiled: dict) -> None:
     """Measuring every op on the first step adds none of its runs to the caller's trace: the trace of
     the step that measures holds the measured op no more often than that of a step costed analytically
-    (whose tracing, run first, also fills torch's fake-tensor cache)."""
+    (whose tracing, run first, also fills torch's fake-tensor cache). A leak would add every timed run of
+    the op, a warm-up and at least ``MIN_SAMPLES`` samples; the tracing itself has differed by one run
+    between the two steps on a loaded machine (10 against 9)."""
     result = profiled["snippet"]
-    assert result["snippet"]["measured_op"] <= result["analytic"]["measured_op"], result
+    assert result["snippet"]["measured_op"] < result["analytic"]["measured_op"] + MIN_SAMPLES, result
 
 
 def test_a_binding_budget_plans_and_both_steps_export(profiled: dict) -> None:
