@@ -13,12 +13,11 @@ graph's last forward step, the rest at every step): a plan that still fits keeps
 figures are read again; one that does not is planned and compiled again, or the budget is refused with
 the smallest budget that fits. In a single process the first step runs with a reservation
 (``rank_scope.reserved_eager_bytes``) and the measured figures are remembered for the graph
-(``rank_scope.MEASURED_EAGER``); where the first step ran over the budget, a warning says so.
+(``step.STEP``); where the first step ran over the budget, a warning says so.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import logging
 from collections.abc import Callable
@@ -42,15 +41,14 @@ from .eager_window import (  # noqa: F401  (re-exported: the watch's vocabulary)
     window_of,
 )
 from .graph_plan import MIN_FEASIBLE, STEP_NOTE, defer_min_feasible, scope_note
-from .rank_scope import HELD_BY_OPEN_GRAPHS, MEASURED_EAGER, OpenGraph, storages_of
+from .rank_scope import storages_of
 from .ranks import largest_on_any_rank
+from .step import STEP, OpenGraph
 
 log = logging.getLogger(__name__)
 # forward calls with no gradient arriving (a model run with grad on but no backward) after which the
 # window closes unmeasured: on the CPU its profiler would otherwise record for ever
 MAX_CALLS = 1024
-# The watches of this process whose window is open (forward returned, no gradient yet), by id
-OPEN_WATCHES: dict[int, EagerWatch] = {}
 
 
 class State(enum.Enum):
@@ -82,14 +80,13 @@ class EagerWatch:
     def __del__(self) -> None:
         # a graph called once and freed (a one-step run): its CPU profiler stops with it
         try:
-            HELD_BY_OPEN_GRAPHS.pop(id(self), None)
-            OPEN_WATCHES.pop(id(self), None)
+            STEP.close(self)
             self.window.cancel()
         except Exception:  # at interpreter exit torch may be half gone: nothing left to stop
             pass
 
     def __call__(self, *args: Any) -> Any:
-        for other in list(OPEN_WATCHES.values()):  # this graph runs inside their windows
+        for other in STEP.open_watches():  # this graph runs inside their windows
             if other is not self:
                 other.others.update(self.model_state)
         if self.state is State.COUNTING:
@@ -136,9 +133,7 @@ class EagerWatch:
         self.window.open(tensors[0].device, sum(t.numel() * t.element_size() for t in tensors))
         self.hooks = [t.register_hook(self.gradient_arrived) for t in tensors]
         if self.plan.scope is not None and self.plan.scope.process:  # a graph compiled now runs beside it
-            HELD_BY_OPEN_GRAPHS[id(self)] = OpenGraph(held_after_forward(self.plan), self.model_state,
-                                                      storages_of(tensors), inputs)
-            OPEN_WATCHES[id(self)] = self
+            STEP.open(self, OpenGraph(held_after_forward(self.plan), self.model_state, storages_of(tensors), inputs))
 
     def gradient_arrived(self, grad: torch.Tensor) -> None:
         if self.hooks:  # the first of the outputs' gradients: the backward reaches this graph
@@ -151,8 +146,7 @@ class EagerWatch:
         for hook in self.hooks:
             hook.remove()
         self.hooks = []
-        HELD_BY_OPEN_GRAPHS.pop(id(self), None)
-        OPEN_WATCHES.pop(id(self), None)
+        STEP.close(self)
 
     def count(self) -> None:
         """Every rank at its next call: the largest window any measured, counted in the plan."""
@@ -271,23 +265,14 @@ def remember(scope: Any) -> None:
         return
     measured = EagerParts(scope.eager_bytes, scope.eager_after_bytes, scope.copies, scope.other_state_bytes,
                           scope.eager_freed_bytes)
-    remember_under(scope.graph, measured)
+    STEP.remember(scope.graph, measured)
 
 
 def remember_measured(gm: Any, measured: EagerParts) -> None:
     """A window measured for the dynamo graph ``gm`` (``measure_loss``), for its scope to count."""
     from .plan_cache import graph_fingerprint
 
-    remember_under(graph_fingerprint(gm.graph, by_position=True), measured)
-
-
-def remember_under(graph: str, measured: EagerParts) -> None:
-    known = MEASURED_EAGER.get(graph)
-    if known is not None:  # the larger of each figure, but the lesser of what was freed
-        larger = EagerParts(*(max(a, b) if a is not None and b is not None else (a if b is None else b)
-                              for a, b in zip(dataclasses.astuple(measured), dataclasses.astuple(known))))
-        measured = replace(larger, freed=min(measured.freed, known.freed))
-    MEASURED_EAGER[graph] = measured
+    STEP.remember(graph_fingerprint(gm.graph, by_position=True), measured)
 
 
 def with_timeline(problem: Any, solution: Any) -> Any:
@@ -309,7 +294,7 @@ def _leaves(out: Any) -> list[Any]:
 def abandon_open_windows() -> None:
     """A graph of the step failed to compile: the windows of the graphs before it will see no backward,
     and their sessions stop now (the next step measures them)."""
-    for watch in list(OPEN_WATCHES.values()):
+    for watch in STEP.open_watches():
         watch.unhook()
         watch.window.cancel()
         watch.window = EagerWindow()

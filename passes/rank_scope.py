@@ -32,6 +32,7 @@ import torch.fx as fx
 from remat.solvers.problem import Problem
 
 from . import torch_adapter as adapter
+from .step import STEP
 
 @dataclass(frozen=True)
 class RankScope:
@@ -123,34 +124,13 @@ def scope_of(gm: fx.GraphModule, example_inputs: Sequence[Any], budget_scope: st
     return None
 
 
-# The eager window measured after each graph in this process, by the graph's fingerprint: a graph compiled
-# again (another remat.compile or remat.plan of the model) counts what its first step measured
-MEASURED_EAGER: dict[str, Any] = {}  # fingerprint -> passes.eager_parts.EagerParts
-
-
-@dataclass(frozen=True)
-class OpenGraph:
-    """What a graph holds while its forward has returned and its backward has not begun: a graph
-    compiled then runs beside it. By storage: the model state it counts, its outputs (which a later
-    graph may take as inputs) and its activation inputs (a batch the caller holds through the step)."""
-
-    held: int  # the activations it keeps, besides its inputs
-    state: dict[tuple, int]
-    outputs: dict[tuple, int]
-    inputs: dict[tuple, int]
-
-
-# The open graphs of this process, by their watch (passes/eager_parts.py keeps them on the first step)
-HELD_BY_OPEN_GRAPHS: dict[int, OpenGraph] = {}
-
-
 def process_scope(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> RankScope:
     """A single process's step: the module's unread state resident, and the eager code after the graph
     as measured after this graph before, else reserved until the first step measures it."""
     from .plan_cache import graph_fingerprint
 
     graph = graph_fingerprint(gm.graph, by_position=True)
-    measured = MEASURED_EAGER.get(graph)
+    measured = STEP.eager_after(graph)
     # the whole model the step runs holds its state, also what other graphs or eager code read
     resident = unread_state_bytes(example_inputs, outermost=True)
     modules = adapter.modules_being_called()
@@ -180,25 +160,9 @@ def reserved_eager_bytes(gm: fx.GraphModule) -> int:
 
 
 def open_graphs_bytes(example_inputs: Sequence[Any]) -> int:
-    """What the graphs whose forward returned and whose backward has not begun hold beside a graph
-    compiled now: their activations (less their outputs it takes as inputs: it counts those), the batch
-    inputs they took that it does not, and their parameters and buffers it does not hold itself."""
-    own_state = state_storages(example_inputs)
+    """What the step's open graphs hold beside a graph compiled now (:meth:`Step.held_beside`)."""
     taken = {_storage_of(t)[0] for t in example_inputs if isinstance(t, torch.Tensor)}
-    state: dict[tuple, int] = {}
-    inputs: dict[tuple, int] = {}
-    outputs: set[tuple] = set()
-    total = 0
-    for graph in HELD_BY_OPEN_GRAPHS.values():
-        state.update(graph.state)
-        inputs.update(graph.inputs)
-        outputs.update(graph.outputs)
-        total += max(0, graph.held - sum(n for key, n in graph.outputs.items() if key in taken))
-    # an open graph's input that no open graph returned and this one does not take: a batch held by the
-    # caller (the first graph's token ids while the last runs), counted by no graph's program
-    counted = taken | outputs | state.keys() | own_state.keys()
-    held_inputs = sum(n for key, n in inputs.items() if key not in counted)
-    return total + held_inputs + sum(n for key, n in state.items() if key not in own_state)
+    return STEP.held_beside(taken, state_storages(example_inputs))
 
 
 def state_storages(example_inputs: Sequence[Any]) -> dict[tuple, int]:

@@ -65,10 +65,10 @@ def budget_between(report: remat.Report, fraction: float) -> float:
 
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
-    from remat.passes import rank_scope
+    from remat.passes.step import STEP
 
     torch._dynamo.reset()
-    rank_scope.MEASURED_EAGER.clear()  # what a step measured after a graph: each test measures its own
+    STEP.forget_measured()  # what a step measured after a graph: each test measures its own
     yield
     torch._dynamo.reset()
-    rank_scope.MEASURED_EAGER.clear()
+    STEP.forget_measured()

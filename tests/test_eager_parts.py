@@ -16,6 +16,7 @@ import torch
 import remat
 from remat.passes import eager_parts, rank_scope
 from remat.passes.eager_parts import UNKNOWN, EagerParts, EagerWatch, peak_between_marks
+from remat.passes.step import STEP
 from remat.solvers.errors import BudgetError
 from remat.zoo import build
 
@@ -174,9 +175,9 @@ def test_a_measured_step_scope_counts_the_calls_it_saw_and_remembers_the_largest
     try:
         eager_parts.remember(counted)
         eager_parts.remember(eager_parts.with_eager(scope, EagerParts(peak=300, after=60, copies=1)))
-        assert rank_scope.MEASURED_EAGER["g"] == EagerParts(500, 60, 1, 7)
+        assert STEP.eager_after("g") == EagerParts(500, 60, 1, 7)
     finally:
-        rank_scope.MEASURED_EAGER.clear()
+        STEP.forget_measured()
 
 
 def test_a_graph_that_fails_to_compile_stops_the_windows_open_before_it() -> None:

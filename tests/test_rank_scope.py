@@ -95,30 +95,3 @@ def test_the_eager_code_after_a_graph_is_reserved_as_three_times_its_outputs_tha
     logits = torch.empty(4, 8, requires_grad=True)  # 128 bytes
     assert rank_scope.reserved_eager_bytes(graph_with_outputs(logits, torch.empty(100))) == 3 * 128
     assert rank_scope.reserved_eager_bytes(graph_with_outputs(torch.empty((), requires_grad=True))) == 0  # a loss
-
-
-def test_graphs_open_beside_a_new_graph_count_their_activations_and_state_it_does_not_hold() -> None:
-    weight, other_weight = torch.nn.Parameter(torch.empty(10)), torch.nn.Parameter(torch.empty(20))
-    handed = torch.empty(5)  # the open graph's output, the new graph's input: the new graph counts it
-    keys = rank_scope.storages_of
-    rank_scope.HELD_BY_OPEN_GRAPHS[1] = rank_scope.OpenGraph(1000 + 20, keys([weight, other_weight]), keys([handed]), {})
-    try:
-        assert rank_scope.open_graphs_bytes([weight, handed]) == 1000 + 80  # less the 20 handed, plus 80 of state
-    finally:
-        rank_scope.HELD_BY_OPEN_GRAPHS.clear()
-
-
-def test_graphs_open_beside_a_new_graph_count_the_batch_they_took() -> None:
-    # the first graph took token ids (held by the caller through the step) and handed the second graph its
-    # output; the third, compiled while both are open, counts the ids once, and not the handed value (the
-    # second graph took it: it is among the first's outputs), nor its own input, nor a parameter
-    ids, handed, own_input = torch.empty(64, dtype=torch.int64), torch.empty(5), torch.empty(7)
-    weight = torch.nn.Parameter(torch.empty(10))
-    keys = rank_scope.storages_of
-    rank_scope.HELD_BY_OPEN_GRAPHS[1] = rank_scope.OpenGraph(100, {}, keys([handed]), keys([ids]))
-    rank_scope.HELD_BY_OPEN_GRAPHS[2] = rank_scope.OpenGraph(200, keys([weight]), keys([own_input]),
-                                                             keys([handed, ids, weight]))
-    try:
-        assert rank_scope.open_graphs_bytes([weight, own_input]) == 100 + (200 - 28) + 512
-    finally:
-        rank_scope.HELD_BY_OPEN_GRAPHS.clear()

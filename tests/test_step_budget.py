@@ -22,7 +22,7 @@ from torch import nn
 import remat
 from remat.errors import GIB
 from remat.measure import budget_peak
-from remat.passes import rank_scope
+from remat.passes.step import STEP
 
 VOCAB, WIDTH, BATCH, SEQ = 512, 64, 8, 32
 
@@ -262,7 +262,7 @@ def test_plan_with_the_loss_counts_it_as_the_step_will() -> None:
     torch.testing.assert_close(drawn, torch.rand(4), rtol=0, atol=0)
     assert not report.eager_reserved and report.eager_bytes == 2 * BATCH * SEQ * VOCAB * 4 + 8  # (and the loss)
     torch._dynamo.reset()
-    rank_scope.MEASURED_EAGER.clear()
+    STEP.forget_measured()
     compiled = remat.compile(model)
     for _ in range(2):
         cross_entropy(compiled(x), y).backward()
