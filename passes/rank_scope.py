@@ -14,7 +14,8 @@ blocks are compiled) is measured on the first step instead (``passes/eager_parts
 counted from then on (``eager_bytes``). Not counted: optimizer state (as on one GPU).
 
 In a single process (no FSDP2 or DDP around the graph) the scope is the process's step
-(``wrapper`` "process"): the module's state the graph does not read is resident, and the eager
+(``wrapper`` "process"): the module's state the graph does not read is resident (and what torch's
+tracing of the graph keeps alive: :func:`traced_storages`), and the eager
 code after the graph (a loss computed outside the model, graph-break code and later graphs) is
 reserved before the first step (:func:`reserved_eager_bytes`), measured on it and counted from the
 next.
@@ -73,6 +74,7 @@ class RankScope:
     other_state_bytes: int = 0
     eager_freed_bytes: int = 0
     graph: str = ""  # the compiled graph's fingerprint, under which a measured window is remembered
+    traced_bytes: int = 0  # of resident_bytes: what torch's tracing keeps for the graph (traced_storages)
     input_bytes: int = 0  # the graph's activation inputs per call (a copy's, in copy_input_bytes)
 
     @property
@@ -132,19 +134,28 @@ def process_scope(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> RankScop
     graph = graph_fingerprint(gm.graph, by_position=True)
     measured = STEP.eager_after(graph)
     # the whole model the step runs holds its state, also what other graphs or eager code read
-    resident = unread_state_bytes(example_inputs, outermost=True)
+    traced = sum(traced_storages(gm, example_inputs).values())
+    resident = unread_state_bytes(example_inputs, outermost=True) + traced
     modules = adapter.modules_being_called()
     # a module built like others of the model (a block) is called once for each: their kept values add up
     copies = copies_of(modules[0], modules[-1]) if modules else 0
     inputs = activation_input_bytes(gm, example_inputs)
     scope = RankScope(PROCESS, copies=copies, resident_bytes=resident, copy_input_bytes=copies * inputs, graph=graph,
-                      input_bytes=inputs, graphs_bytes=open_graphs_bytes(example_inputs))
+                      input_bytes=inputs, graphs_bytes=open_graphs_bytes(gm, example_inputs), traced_bytes=traced)
     if measured is None:
         return replace(scope, eager_bytes=reserved_eager_bytes(gm), eager_reserved=True)
     copies = copies if measured.copies is None else measured.copies  # (a loss_fn measured alone saw no calls)
     return replace(scope, eager_bytes=measured.peak, eager_after_bytes=measured.after, copies=copies,
                    copy_input_bytes=copies * inputs, other_state_bytes=measured.other_state,
                    eager_freed_bytes=measured.freed)
+
+
+def traced_storages(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> dict[tuple, int]:
+    """What Dynamo's tracing of ``gm`` keeps alive on the graph's devices for the graph's life, by storage
+    (``adapter.traced_real_tensors``: 8 bytes on the CPU per Python number an op multiplied or divided
+    by), allocated on the step that compiles it: held through every step as the model's state is."""
+    devices = {t.device for t in example_inputs if isinstance(t, torch.Tensor)}
+    return storages_of([t for t in adapter.traced_real_tensors(gm) if t.device in devices])
 
 
 def reserved_eager_bytes(gm: fx.GraphModule) -> int:
@@ -159,19 +170,20 @@ def reserved_eager_bytes(gm: fx.GraphModule) -> int:
     return 3 * sum(n * v.element_size() for n, v in zip(numels, tensors) if n > 1)  # (not a scalar loss)
 
 
-def open_graphs_bytes(example_inputs: Sequence[Any]) -> int:
-    """What the step's open graphs hold beside a graph compiled now (:meth:`Step.held_beside`)."""
+def open_graphs_bytes(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> int:
+    """What the step's open graphs hold beside ``gm`` compiled now (:meth:`Step.held_beside`)."""
     taken = {_storage_of(t)[0] for t in example_inputs if isinstance(t, torch.Tensor)}
-    return STEP.held_beside(taken, state_storages(example_inputs))
+    return STEP.held_beside(taken, state_storages(gm, example_inputs))
 
 
-def state_storages(example_inputs: Sequence[Any]) -> dict[tuple, int]:
-    """The model state a graph's step holds, by storage: the parameters and buffers among its inputs and
-    those of the outermost module being called (``unread_state_bytes``'s)."""
+def state_storages(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> dict[tuple, int]:
+    """What a graph's step holds as state, by storage: the parameters and buffers among its inputs and
+    those of the outermost module being called (``unread_state_bytes``'s), and what torch's tracing of
+    the graph keeps alive (:func:`traced_storages`)."""
     modules = adapter.modules_being_called()
     own = [t for t in example_inputs if isinstance(t, torch.nn.Parameter)]
     held = [*modules[-1].parameters(), *modules[-1].buffers()] if modules else []
-    return dict(_storage_of(t) for t in [*own, *held])
+    return {**dict(_storage_of(t) for t in [*own, *held]), **traced_storages(gm, example_inputs)}
 
 
 def unread_state_bytes(example_inputs: Sequence[Any], *, outermost: bool = False) -> int:

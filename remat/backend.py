@@ -98,7 +98,8 @@ class RematBackend:
         # the eager code around the graph (head, loss) is measured on the first step, counted from the next
         return eager_parts.EagerWatch(compiled, plan,
                                       lambda eager: self.replanned(gm, example_inputs, setting, plan, eager),
-                                      lambda eager: self.recounted(plan, eager), rank_scope.state_storages(example_inputs))
+                                      lambda eager: self.recounted(plan, eager),
+                                      rank_scope.state_storages(gm, example_inputs))
 
     def agreed(self, gm: fx.GraphModule, example_inputs: Sequence[Any], setting: GraphSetting) -> Fitted:
         """Plan and compile the graph as every rank agrees: rank 0 decides, the others follow."""

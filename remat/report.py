@@ -106,7 +106,10 @@ class Report(Deferring):
     # these are the bytes counted outside the graph), "rank" (the same, per rank, under FSDP2 or DDP) or
     # "graph" (this graph's own forward+backward, budget_scope="graph")
     budget_scope: str = "graph"
-    resident_bytes: int = 0  # the model's state the graph does not read; FSDP's shards and unsharded parameters, DDP's buckets
+    # the model's state the graph does not read and what torch's tracing keeps for the graph; FSDP's shards
+    # and unsharded parameters, DDP's buckets
+    resident_bytes: int = 0
+    traced_bytes: int = 0  # of resident_bytes: 8-byte scalars torch's tracing keeps, allocated at the first call
     comm_bytes: int = 0  # FSDP's prefetched all-gather and a reduce-scatter input
     eager_bytes: int = 0  # the eager code between forward and backward (a loss, a head), measured on the first step
     eager_reserved: bool = False  # eager_bytes is the reservation made before a first step measured them
@@ -335,7 +338,8 @@ def scope_fields(scope: Any, problem: Problem, solution: Solution) -> dict[str, 
     return {"budget_scope": "step" if scope.process else "rank", "resident_bytes": scope.resident_bytes,
             "comm_bytes": scope.comm_bytes, "eager_bytes": scope.eager_bytes, "eager_reserved": scope.eager_reserved,
             "eager_after_bytes": scope.eager_after_bytes, "graphs_bytes": scope.graphs_bytes,
-            "other_state_bytes": scope.other_state_bytes, "kept_copies": scope.copies, "copies_kept_bytes": copies}
+            "other_state_bytes": scope.other_state_bytes, "kept_copies": scope.copies, "copies_kept_bytes": copies,
+            "traced_bytes": scope.traced_bytes}
 
 
 # --- timelines ---------------------------------------------------------------

@@ -3,6 +3,8 @@ measures it on two ranks under FSDP2 and DDP."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -95,3 +97,22 @@ def test_the_eager_code_after_a_graph_is_reserved_as_three_times_its_outputs_tha
     logits = torch.empty(4, 8, requires_grad=True)  # 128 bytes
     assert rank_scope.reserved_eager_bytes(graph_with_outputs(logits, torch.empty(100))) == 3 * 128
     assert rank_scope.reserved_eager_bytes(graph_with_outputs(torch.empty((), requires_grad=True))) == 0  # a loss
+
+
+def test_what_torchs_tracing_keeps_alive_for_a_graph_is_counted_as_its_state() -> None:
+    """Dynamo's fake example values carry autograd nodes, which save a Python number an op multiplied or
+    divided by as a real 8-byte tensor: held as long as the graph, on the device of that number (the CPU)."""
+    seen = {}
+
+    def capture(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        seen["traced"] = rank_scope.traced_storages(gm, example_inputs)
+        seen["state"] = rank_scope.state_storages(gm, example_inputs)
+        return gm.forward
+
+    weight = torch.nn.Parameter(torch.randn(4, 4))
+    torch.compile(lambda x: (x @ weight * 0.5 / 3.0).relu(), backend=capture)(torch.randn(2, 4))
+    assert sorted(seen["traced"].values()) == [8, 8]  # float64 scalars, one per op
+    assert seen["traced"].items() <= seen["state"].items()
+    torch._dynamo.reset()
+    torch.compile(lambda x: (x @ weight).relu(), backend=capture)(torch.randn(2, 4))
+    assert seen["traced"] == {}

@@ -55,6 +55,7 @@ from .profiler import (  # re-exported
     thread_memory_peak,
     when_backward_returns,
 )
+from .traced import traced_real_tensors  # re-exported
 from .inductor_order import LocalHorizontalFusion, addmm_folded, can_unfold, fusion_choices, order_settings, unfold
 from .inductor_program import (  # re-exported: the adapter is one namespace
     _PARTITIONED_OUTPUTS,
