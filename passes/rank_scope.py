@@ -155,6 +155,8 @@ def traced_storages(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> dict[t
     (``adapter.traced_real_tensors``: 8 bytes on the CPU per Python number an op multiplied or divided
     by), allocated on the step that compiles it: held through every step as the model's state is."""
     devices = {t.device for t in example_inputs if isinstance(t, torch.Tensor)}
+    if all(device.type != "cpu" for device in devices):  # (what autograd saves of a number is on the CPU)
+        return {}
     return storages_of([t for t in adapter.traced_real_tensors(gm) if t.device in devices])
 
 

@@ -11,6 +11,7 @@ the saved values goes through autograd nodes' ``_saved_*`` attributes, which tor
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -18,8 +19,19 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor
 
 
+# a graph's nodes keep their values after capture, so each graph is walked once (the scope, the step's
+# other graphs and the backend each ask; a walk takes about 14 us a node)
+_WALKED: weakref.WeakKeyDictionary[fx.GraphModule, list[torch.Tensor]] = weakref.WeakKeyDictionary()
+
+
 def traced_real_tensors(gm: fx.GraphModule) -> list[torch.Tensor]:
     """The real tensors the autograd nodes of ``gm``'s fake example values save (each once)."""
+    if gm not in _WALKED:
+        _WALKED[gm] = _walk(gm)
+    return _WALKED[gm]
+
+
+def _walk(gm: fx.GraphModule) -> list[torch.Tensor]:
     found: dict[int, torch.Tensor] = {}
     seen: set[int] = set()
     for node in gm.graph.nodes:
