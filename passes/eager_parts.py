@@ -192,7 +192,7 @@ class EagerWatch:
 def rank_peak_with(plan: Any, eager: EagerParts) -> int:
     """The rank's peak under ``plan`` with ``eager`` parts between the graph's forward and its
     backward: by its compiled program where there is one (Inductor), else by the model."""
-    scope = with_eager(plan.scope, eager)
+    scope = plan.scope.with_eager(eager)
     if plan.compiled_peak_bytes is None:
         counted = scope.applied(plan.problem)
         return max(timeline(counted, plan.solution.saved, plan.solution.recomputed), default=0)
@@ -226,22 +226,13 @@ def outside_grown(plan: Any, scope: Any) -> int:
             - rank_extra_bytes(plan.scope.applied(plan.problem), saved))
 
 
-def with_eager(scope: Any, eager: EagerParts) -> Any:
-    """``scope`` counting a measured window (and, in a single process, the calls that step made)."""
-    scope = replace(scope, eager_bytes=eager.peak, eager_after_bytes=eager.after, eager_reserved=False,
-                    other_state_bytes=eager.other_state, eager_freed_bytes=eager.freed)
-    if eager.copies is None or not scope.process or eager.copies == scope.copies:
-        return scope
-    return replace(scope, copies=eager.copies, copy_input_bytes=eager.copies * scope.input_bytes)
-
-
 def raised_by(plan: Any, eager: EagerParts, lowest_of: Callable[[Any], Any]) -> None:
     """Count ``eager`` parts in a plan that still fits with them: its problem holds the window's peak at
     the forward's last step and what it leaves through the backward, and its peaks, the smallest-peak
     plan (``lowest_of(problem)``) and the smallest feasible budget are read again from it."""
     if plan.compiled_peak_bytes is not None:
         plan.compiled_peak_bytes = rank_peak_with(plan, eager)
-    plan.scope = with_eager(plan.scope, eager)
+    plan.scope = plan.scope.with_eager(eager)
     remember(plan.scope)
     if plan.scope.process:  # the note on what the step counts says measured, not reserved
         plan.notes = [n for n in plan.notes if not n.startswith(STEP_NOTE)]
@@ -259,9 +250,10 @@ def raised_by(plan: Any, eager: EagerParts, lowest_of: Callable[[Any], Any]) -> 
 
 
 def remember(scope: Any) -> None:
-    """A process's measured window, for the graph's next compile in this process: the largest measured
-    after it (the window is the caller's code after the graph, which may differ from step to step)."""
-    if scope is None or not scope.process or not scope.graph:
+    """A measured window (a process's, or the one every rank agreed on), for the graph's next compile in
+    this process: the largest measured after it (the window is the caller's code after the graph, which
+    may differ from step to step)."""
+    if scope is None or not scope.graph:
         return
     measured = EagerParts(scope.eager_bytes, scope.eager_after_bytes, scope.copies, scope.other_state_bytes,
                           scope.eager_freed_bytes)

@@ -1,24 +1,28 @@
 """The step's budget: what a rank (or a single process) holds outside one compiled graph.
 
+Every graph's scope is built one way (:func:`scope_of`): what holds memory around it, a rank's
+wrapper (:func:`wrapper_scope`) or the single process's step (:func:`process_scope`), then what every
+step counts alike (:func:`step_scope`): what torch's tracing keeps alive for the graph
+(:func:`traced_storages`) and the eager code after it, as measured after this graph on an earlier
+step of this process (``step.STEP``), else, in a single process, reserved
+(:func:`reserved_eager_bytes`) until the graph's first step measures it (``passes/eager_parts.py``).
+
 Under FSDP2 or DDP a compiled graph is one part of a rank's training step. While the last of
 L identical blocks runs its backward, the other L-1 blocks still hold their kept activations
 and their inputs, FSDP holds every local shard, the unsharded parameters of groups it does not
 reshard after forward (the root's), the next block's prefetched all-gather and a reduce-scatter
 input; DDP holds its gradient buckets. A :class:`RankScope` counts those bytes from FSDP2's own
-state and the module tree (the eager parts are measured: below), and the problem carries them
-(``Problem.outside_bytes``, ``Problem.kept_copies``), so every memory row of the program is the
-rank's, and so is the predicted peak.
-
-The eager code between compiled graphs (an FSDP2 model's embedding, head and loss when only its
-blocks are compiled) is measured on the first step instead (``passes/eager_parts.py``) and
-counted from then on (``eager_bytes``). Not counted: optimizer state (as on one GPU).
+state and the module tree, and the problem carries them (``Problem.outside_bytes``,
+``Problem.kept_copies``), so every memory row of the program is the rank's, and so is the
+predicted peak. The eager code between compiled graphs (an FSDP2 model's embedding, head and loss
+when only its blocks are compiled) is measured on the first step and counted from then on
+(``eager_bytes``). Not counted: optimizer state (as on one GPU).
 
 In a single process (no FSDP2 or DDP around the graph) the scope is the process's step
-(``wrapper`` "process"): the module's state the graph does not read is resident (and what torch's
-tracing of the graph keeps alive: :func:`traced_storages`), and the eager
-code after the graph (a loss computed outside the model, graph-break code and later graphs) is
-reserved before the first step (:func:`reserved_eager_bytes`), measured on it and counted from the
-next.
+(``wrapper`` "process"): the whole model's state the graph does not read is resident, other calls of
+a block count as copies, the step's open graphs (``Step.held_beside``) beside it, and the eager code
+after the graph (a loss computed outside the model, graph-break code and later graphs) is reserved
+before the first step.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import torch.fx as fx
 from remat.solvers.problem import Problem
 
 from . import torch_adapter as adapter
+from .eager_window import EagerParts
 from .step import STEP
 
 @dataclass(frozen=True)
@@ -87,6 +92,15 @@ class RankScope:
         return (self.resident_bytes + self.comm_bytes + self.copy_input_bytes + self.eager_after_bytes
                 + self.graphs_bytes + self.other_state_bytes)
 
+    def with_eager(self, eager: EagerParts) -> RankScope:
+        """This scope counting a measured eager window; in a single process also the forward calls that
+        step made before its backward (a block called per layer)."""
+        scope = replace(self, eager_bytes=eager.peak, eager_after_bytes=eager.after, eager_reserved=False,
+                        other_state_bytes=eager.other_state, eager_freed_bytes=eager.freed)
+        if eager.copies is None or not self.process or eager.copies == self.copies:
+            return scope
+        return replace(scope, copies=eager.copies, copy_input_bytes=eager.copies * self.input_bytes)
+
     def applied(self, problem: Problem) -> Problem:
         # the eager bytes live between the graph's forward and its backward only: one memory row (what
         # they leave through the backward is in outside_bytes, alive at every row, that row included)
@@ -112,42 +126,54 @@ def scope_of(gm: fx.GraphModule, example_inputs: Sequence[Any], budget_scope: st
     if budget_scope == "graph":
         return None
     modules = adapter.modules_being_called()
-    fsdp = [m for m in modules if adapter.is_fsdp2_module(m)]
-    ddp = [m for m in modules if adapter.is_ddp_module(m)]
-    if not modules or not (fsdp or ddp):
-        return process_scope(gm, example_inputs)
-    compiled, params, inputs = modules[0], parameter_bytes(example_inputs), activation_input_bytes(gm, example_inputs)
-    if fsdp:
-        groups = adapter.fsdp2_groups(fsdp[0])
-        if groups is not None:
-            return fsdp2_scope(groups, fsdp[0], fsdp[-1], compiled, params, inputs)
-    if ddp:
-        return ddp_scope(ddp[-1], compiled, inputs)
-    return None
+    if not any(adapter.is_fsdp2_module(m) or adapter.is_ddp_module(m) for m in modules):
+        return step_scope(gm, example_inputs, process_scope(gm, example_inputs))
+    wrapper = wrapper_scope(gm, example_inputs, modules)
+    return None if wrapper is None else step_scope(gm, example_inputs, wrapper)
 
 
-def process_scope(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> RankScope:
-    """A single process's step: the module's unread state resident, and the eager code after the graph
-    as measured after this graph before, else reserved until the first step measures it."""
+def step_scope(gm: fx.GraphModule, example_inputs: Sequence[Any], scope: RankScope) -> RankScope:
+    """``scope`` with what every step counts alike, a rank's or a single process's: what torch's tracing
+    keeps alive for the graph, and the eager code after it as measured after this graph on an earlier
+    step of this process (the step object's), else, in a single process, reserved until the graph's
+    first step measures it. (A rank reserves nothing: the window after a block's graph is the rest of
+    the model's forward and its head and loss, which the block's outputs do not bound.)"""
     from .plan_cache import graph_fingerprint
 
     graph = graph_fingerprint(gm.graph, by_position=True)
-    measured = STEP.eager_after(graph)
-    # the whole model the step runs holds its state, also what other graphs or eager code read
     traced = sum(traced_storages(gm, example_inputs).values())
-    resident = unread_state_bytes(example_inputs, outermost=True) + traced
+    scope = replace(scope, resident_bytes=scope.resident_bytes + traced, traced_bytes=traced, graph=graph)
+    measured = STEP.eager_after(graph)
+    if measured is not None:
+        return scope.with_eager(measured)
+    if scope.process:
+        return replace(scope, eager_bytes=reserved_eager_bytes(gm), eager_reserved=True)
+    return scope
+
+
+def process_scope(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> RankScope:
+    """A single process's step before what :func:`step_scope` adds: the whole model's state the graph
+    does not read, the other calls of a module built like others (a block) and the open graphs."""
+    # the whole model the step runs holds its state, also what other graphs or eager code read
+    resident = unread_state_bytes(example_inputs, outermost=True)
     modules = adapter.modules_being_called()
     # a module built like others of the model (a block) is called once for each: their kept values add up
     copies = copies_of(modules[0], modules[-1]) if modules else 0
     inputs = activation_input_bytes(gm, example_inputs)
-    scope = RankScope(PROCESS, copies=copies, resident_bytes=resident, copy_input_bytes=copies * inputs, graph=graph,
-                      input_bytes=inputs, graphs_bytes=open_graphs_bytes(gm, example_inputs), traced_bytes=traced)
-    if measured is None:
-        return replace(scope, eager_bytes=reserved_eager_bytes(gm), eager_reserved=True)
-    copies = copies if measured.copies is None else measured.copies  # (a loss_fn measured alone saw no calls)
-    return replace(scope, eager_bytes=measured.peak, eager_after_bytes=measured.after, copies=copies,
-                   copy_input_bytes=copies * inputs, other_state_bytes=measured.other_state,
-                   eager_freed_bytes=measured.freed)
+    return RankScope(PROCESS, copies=copies, resident_bytes=resident, copy_input_bytes=copies * inputs,
+                     input_bytes=inputs, graphs_bytes=open_graphs_bytes(gm, example_inputs))
+
+
+def wrapper_scope(gm: fx.GraphModule, example_inputs: Sequence[Any], modules: list[torch.nn.Module]) -> RankScope | None:
+    """A rank's memory outside the graph under FSDP2 (read from its groups) or DDP (its buckets); None
+    where FSDP2's groups cannot be read and no DDP is around."""
+    fsdp = [m for m in modules if adapter.is_fsdp2_module(m)]
+    ddp = [m for m in modules if adapter.is_ddp_module(m)]
+    compiled, params, inputs = modules[0], parameter_bytes(example_inputs), activation_input_bytes(gm, example_inputs)
+    groups = adapter.fsdp2_groups(fsdp[0]) if fsdp else None
+    if groups is not None:
+        return fsdp2_scope(groups, fsdp[0], fsdp[-1], compiled, params, inputs)
+    return ddp_scope(ddp[-1], compiled, inputs) if ddp else None
 
 
 def traced_storages(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> dict[tuple, int]:

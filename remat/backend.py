@@ -156,7 +156,7 @@ class RematBackend:
                   eager: eager_parts.EagerParts) -> Callable[..., Any]:
         """``plan``'s graph planned and compiled again with ``eager`` parts counted; the new plan takes
         the old one's place among the reports."""
-        scope = eager_parts.with_eager(plan.scope, eager)
+        scope = plan.scope.with_eager(eager)
         eager_parts.remember(scope)
         compiled, again = self.agreed(gm, example_inputs, dataclasses.replace(setting, scope=scope))
         self.plans[self.plans.index(plan)] = again

@@ -168,13 +168,13 @@ def test_a_window_reports_what_it_leaves_alive_besides_the_outputs_gradients() -
 def test_a_measured_step_scope_counts_the_calls_it_saw_and_remembers_the_largest_window() -> None:
     scope = rank_scope.RankScope(rank_scope.PROCESS, copies=3, copy_input_bytes=30, input_bytes=10, graph="g",
                                  eager_bytes=900, eager_reserved=True)
-    counted = eager_parts.with_eager(scope, EagerParts(peak=500, after=40, copies=1, other_state=7))
+    counted = scope.with_eager(EagerParts(peak=500, after=40, copies=1, other_state=7))
     assert (counted.eager_bytes, counted.eager_after_bytes, counted.eager_reserved) == (500, 40, False)
     assert (counted.copies, counted.copy_input_bytes, counted.other_state_bytes) == (1, 10, 7)
     assert counted.outside_bytes == 10 + 40 + 7
     try:
         eager_parts.remember(counted)
-        eager_parts.remember(eager_parts.with_eager(scope, EagerParts(peak=300, after=60, copies=1)))
+        eager_parts.remember(scope.with_eager(EagerParts(peak=300, after=60, copies=1)))
         assert STEP.eager_after("g") == EagerParts(500, 60, 1, 7)
     finally:
         STEP.forget_measured()

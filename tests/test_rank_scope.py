@@ -116,3 +116,23 @@ def test_what_torchs_tracing_keeps_alive_for_a_graph_is_counted_as_its_state() -
     torch._dynamo.reset()
     torch.compile(lambda x: (x @ weight).relu(), backend=capture)(torch.randn(2, 4))
     assert seen["traced"] == {}
+
+
+def test_a_ranks_scope_counts_what_torchs_tracing_keeps_as_a_process_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under DDP (or FSDP2) the graph's traced scalars are resident on the rank too."""
+    inner = torch.nn.Linear(4, 4)
+    wrapper = torch.nn.Module()
+    wrapper.module = inner  # what DDP wraps
+    monkeypatch.setattr(rank_scope.adapter, "modules_being_called", lambda: [inner, wrapper])
+    monkeypatch.setattr(rank_scope.adapter, "is_ddp_module", lambda m: m is wrapper)
+    scopes = []
+
+    def capture(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        scopes.append(rank_scope.scope_of(gm, example_inputs, "auto"))
+        return gm.forward
+
+    torch.compile(lambda x: (inner(x) * 0.5).relu(), backend=capture)(torch.randn(2, 4))
+    (scope,) = scopes
+    buckets = sum(p.numel() * p.element_size() for p in inner.parameters())
+    assert (scope.wrapper, scope.traced_bytes) == ("DDP", 8)
+    assert scope.resident_bytes == buckets + 8

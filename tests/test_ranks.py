@@ -165,6 +165,18 @@ def test_the_eager_head_and_loss_are_measured_on_the_first_step_and_counted_from
                                                                            second["eager_bytes"])
 
 
+def test_blocks_compiled_again_in_the_process_count_the_measured_eager_parts_from_their_first_step(
+        ranks: list[dict]) -> None:
+    """The step object remembers the window every rank agreed on after a graph, as in a single process: the
+    same blocks compiled again plan with it from the start, and their first step is within the budget."""
+    for rank, result in enumerate(r["fsdp_eager_parts"] for r in ranks):
+        budget, later, again = result["budget_bytes"], result["later"], result["again"]
+        assert again["eager_bytes"] == later["eager_bytes"] > 0, f"rank {rank}: {again}"
+        assert (again["saved"], again["recomputed"]) == (later["saved"], later["recomputed"])
+        assert again["graphs"] == 1  # planned once: the first plan fits with the window counted
+        assert max(again["measured"], again["later_measured"]) <= again["predicted"] <= budget, f"rank {rank}: {again}"
+
+
 def test_a_caller_profiling_fsdp2_steps_exports_its_traces_and_the_eager_parts_wait_for_an_unprofiled_step(
         ranks: list[dict]) -> None:
     """The caller profiles the first two steps of an FSDP2 model whose blocks are compiled with
