@@ -174,7 +174,10 @@ def scope_note(scope: RankScope | None, world_size: int, budget_scope: str) -> s
         return (f"the budget bounds the rank's step ({scope.wrapper}): counted {format_bytes(scope.resident_bytes)} "
                 f"resident, {format_bytes(scope.comm_bytes)} of communication buffers and {scope.copies} other "
                 "copies of this graph's kept activations and inputs"
-                + (f", {format_bytes(scope.eager_bytes)} of eager head and loss" if scope.eager_bytes else
+                + (f", {format_bytes(scope.eager_bytes)} reserved for the eager head and loss (three times this "
+                   "graph's outputs, as wide as a head outside it makes them), measured on the first step and "
+                   "counted from the next" if scope.eager_reserved else
+                   f", {format_bytes(scope.eager_bytes)} of eager head and loss" if scope.eager_bytes else
                    "; the eager head and loss are measured on the first step and counted from the next"))
     if world_size > 1:
         return ("the budget bounds this graph's own step (budget_scope=\"graph\"): memory the rank holds outside "

@@ -4,8 +4,8 @@ Every graph's scope is built one way (:func:`scope_of`): what holds memory aroun
 wrapper (:func:`wrapper_scope`) or the single process's step (:func:`process_scope`), then what every
 step counts alike (:func:`step_scope`): what torch's tracing keeps alive for the graph
 (:func:`traced_storages`) and the eager code after it, as measured after this graph on an earlier
-step of this process (``step.STEP``), else, in a single process, reserved
-(:func:`reserved_eager_bytes`) until the graph's first step measures it (``passes/eager_parts.py``).
+step of this process (``step.STEP``), else reserved (:func:`reserved_eager_bytes`) until the
+graph's first step measures it (``passes/eager_parts.py``).
 
 Under FSDP2 or DDP a compiled graph is one part of a rank's training step. While the last of
 L identical blocks runs its backward, the other L-1 blocks still hold their kept activations
@@ -15,7 +15,7 @@ input; DDP holds its gradient buckets. A :class:`RankScope` counts those bytes f
 state and the module tree, and the problem carries them (``Problem.outside_bytes``,
 ``Problem.kept_copies``), so every memory row of the program is the rank's, and so is the
 predicted peak. The eager code between compiled graphs (an FSDP2 model's embedding, head and loss
-when only its blocks are compiled) is measured on the first step and counted from then on
+when only its blocks are compiled) is reserved, measured on the first step and counted from then on
 (``eager_bytes``). Not counted: optimizer state (as on one GPU).
 
 In a single process (no FSDP2 or DDP around the graph) the scope is the process's step
@@ -135,9 +135,9 @@ def scope_of(gm: fx.GraphModule, example_inputs: Sequence[Any], budget_scope: st
 def step_scope(gm: fx.GraphModule, example_inputs: Sequence[Any], scope: RankScope) -> RankScope:
     """``scope`` with what every step counts alike, a rank's or a single process's: what torch's tracing
     keeps alive for the graph, and the eager code after it as measured after this graph on an earlier
-    step of this process (the step object's), else, in a single process, reserved until the graph's
-    first step measures it. (A rank reserves nothing: the window after a block's graph is the rest of
-    the model's forward and its head and loss, which the block's outputs do not bound.)"""
+    step of this process (the step object's), else reserved until the graph's first step measures it
+    (after a block compiled one by one, the model's head and loss: the block's outputs as wide as the
+    head makes them)."""
     from .plan_cache import graph_fingerprint
 
     graph = graph_fingerprint(gm.graph, by_position=True)
@@ -146,9 +146,9 @@ def step_scope(gm: fx.GraphModule, example_inputs: Sequence[Any], scope: RankSco
     measured = STEP.eager_after(graph)
     if measured is not None:
         return scope.with_eager(measured)
-    if scope.process:
-        return replace(scope, eager_bytes=reserved_eager_bytes(gm), eager_reserved=True)
-    return scope
+    modules = adapter.modules_being_called()
+    widening = head_widening(modules[0], modules[-1]) if modules else 1.0
+    return replace(scope, eager_bytes=reserved_eager_bytes(gm, widening), eager_reserved=True)
 
 
 def process_scope(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> RankScope:
@@ -186,16 +186,34 @@ def traced_storages(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> dict[t
     return storages_of([t for t in adapter.traced_real_tensors(gm) if t.device in devices])
 
 
-def reserved_eager_bytes(gm: fx.GraphModule) -> int:
+def reserved_eager_bytes(gm: fx.GraphModule, widening: float = 1.0) -> int:
     """What the step's first run counts for the eager code after the graph, before measuring it: three
     times the bytes of the graph's outputs that a backward will reach (a cross-entropy loss holds the
-    log-softmax of its input, then its gradient and the input's gradient at once); 0 for scalar outputs
-    (a loss inside the model)."""
+    log-softmax of its input, then its gradient and the input's gradient at once), ``widening`` times
+    wider where the model's code after the graph widens them (:func:`head_widening`); 0 for scalar
+    outputs (a loss inside the model)."""
     (output,) = gm.graph.find_nodes(op="output")
     values = [node.meta.get("example_value") for node in output.all_input_nodes]
     tensors = [v for v in values if isinstance(v, torch.Tensor) and v.requires_grad]
     numels = [int(adapter.size_hint(v.numel())) for v in tensors]
-    return 3 * sum(n * v.element_size() for n, v in zip(numels, tensors) if n > 1)  # (not a scalar loss)
+    nbytes = sum(n * v.element_size() for n, v in zip(numels, tensors) if n > 1)  # (not a scalar loss)
+    return int(3 * widening * nbytes)
+
+
+def head_widening(compiled: torch.nn.Module, root: torch.nn.Module) -> float:
+    """How much wider than the compiled module's outputs the model's code after it can make them, read
+    from the module tree: the largest ratio of a linear layer's output to its input features among the
+    layers of ``root`` outside every module built like ``compiled`` (a language model's head over the
+    blocks compiled one by one: its vocabulary over its width); 1 where there is none, or where the
+    compiled module is the whole model."""
+    if compiled is root:
+        return 1.0
+    shapes = _parameter_shapes(compiled)
+    blocks = [m for m in root.modules() if type(m) is type(compiled) and _parameter_shapes(m) == shapes]
+    inside = {id(inner) for block in blocks for inner in block.modules()}
+    ratios = [m.out_features / m.in_features for m in root.modules()
+              if isinstance(m, torch.nn.Linear) and id(m) not in inside and m.in_features]
+    return max([1.0, *ratios])
 
 
 def open_graphs_bytes(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> int:

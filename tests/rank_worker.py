@@ -30,7 +30,7 @@ from bench import fsdp as fsdp_bench
 import remat
 from remat.errors import GIB
 from remat.measure import cpu_step_peak
-from remat.passes import partition, profile
+from remat.passes import partition, profile, rank_scope
 from remat.passes.step import STEP
 from tests.conftest import build
 
@@ -286,11 +286,35 @@ def fsdp_rank_budget() -> dict[str, Any]:
     return result
 
 
+def budgeted_steps(base: torch.nn.Module, inputs: tuple, budget: int,
+                   reference: torch.nn.Module | None = None) -> dict[str, Any]:
+    """``base``'s blocks compiled under ``budget`` and sharded: the first step's plan and measured peak,
+    the plan of the steps after it (counting what the first measured) and theirs."""
+    before = len(remat.reports())
+    model = sharded_blocks(base, {"compiler": "eager", "budget_gb": budget / GIB})
+    shards = sum(fsdp_bench.local(p).untyped_storage().nbytes() for p in model.parameters())
+    first_peak = cpu_step_peak(lambda: model(*inputs).backward()) + shards
+    first = remat.reports()[before]
+    first_plan = {**decision(first), "predicted": first.predicted_peak_bytes, "eager_bytes": first.eager_bytes,
+                  "reserved": first.eager_reserved, "measured": first_peak}
+    model.zero_grad(set_to_none=True)
+    model(*inputs).backward()  # with the plan that counts them
+    grads = True
+    if reference is not None:
+        reference(*inputs).backward()
+        grads = grads_match(model, reference)
+    report = remat.reports()[before]
+    later = {**decision(report), "predicted": report.predicted_peak_bytes, "eager_bytes": report.eager_bytes,
+             "measured": fsdp_bench.step_peaks(model, inputs)[0], "notes": report.notes}
+    return {"first": first_plan, "later": later, "graphs": len(remat.reports()) - before, "grads_match": grads}
+
+
 def fsdp_eager_parts() -> dict[str, Any]:
-    """FSDP2, 4 blocks compiled, the embedding, head (a 4096-word vocabulary) and loss run eagerly.
-    The head and loss are measured on the first step and counted from the second. The budget lies
-    half way between the rank's smallest feasible and store-all peaks with them counted, so the
-    first step's plan, made without them, is over it and the second step's plan is not."""
+    """FSDP2, 4 blocks compiled, the embedding, head (a 4096-word vocabulary) and loss run eagerly. The
+    budget lies half way between the rank's smallest feasible and store-all peaks with them counted.
+    Before the first step they are reserved from the head's width; measured on it and counted from the
+    second. A head the module tree does not show is not reserved: the first plan is over the budget
+    once they are counted, and the second step's is planned again."""
     torch.manual_seed(0)
     base, inputs = build("gpt", layers=4, batch=4, seq=64, vocab=4096)
     before = len(remat.reports())
@@ -301,32 +325,18 @@ def fsdp_eager_parts() -> dict[str, Any]:
     budget = [(counted.min_feasible_bytes + counted.store_all_peak_bytes) // 2]
     dist.broadcast_object_list(budget, src=0)
     reference = fsdp_bench.sharded(base, None)  # (before the model: sharding resets dynamo)
-    before = len(remat.reports())
     STEP.forget_measured()  # the window is measured anew on this model's first step
-    model = sharded_blocks(base, {"compiler": "eager", "budget_gb": budget[0] / GIB})
-    model(*inputs).backward()
-    first = remat.reports()[before]
-    first_plan = {**decision(first), "predicted": first.predicted_peak_bytes, "eager_bytes": first.eager_bytes}
-    model.zero_grad(set_to_none=True)
-    model(*inputs).backward()  # with the plan that counts them
-    reference(*inputs).backward()
-    report = remat.reports()[before]
-    later = {**decision(report), "predicted": report.predicted_peak_bytes, "eager_bytes": report.eager_bytes,
-             "measured": fsdp_bench.step_peaks(model, inputs)[0], "notes": report.notes}
-    graphs, grads = len(remat.reports()) - before, grads_match(model, reference)
+    result = {"budget_bytes": budget[0], "reserved": budgeted_steps(base, inputs, budget[0], reference)}
+    STEP.forget_measured()
+    widening = rank_scope.head_widening
+    rank_scope.head_widening = lambda compiled, root: 1.0  # a head no linear layer shows (a tied F.linear)
+    try:
+        result["unseen"] = budgeted_steps(base, inputs, budget[0])
+    finally:
+        rank_scope.head_widening = widening
     # the blocks compiled again in this process: their first plan counts the window measured above
-    before = len(remat.reports())
-    again = sharded_blocks(base, {"compiler": "eager", "budget_gb": budget[0] / GIB})
-    shards = sum(fsdp_bench.local(p).untyped_storage().nbytes() for p in again.parameters())
-    first_peak = cpu_step_peak(lambda: again(*inputs).backward()) + shards  # its first step
-    again_report = remat.reports()[before]
-    again_first = {**decision(again_report), "eager_bytes": again_report.eager_bytes, "measured": first_peak,
-                   "predicted": again_report.predicted_peak_bytes}
-    again.zero_grad(set_to_none=True)
-    return {"budget_bytes": budget[0], "generous_eager_bytes": counted.eager_bytes, "first": first_plan,
-            "later": later, "graphs": graphs, "grads_match": grads,
-            "again": {**again_first, "later_measured": fsdp_bench.step_peaks(again, inputs)[0],
-                      "graphs": len(remat.reports()) - before}}
+    result["again"] = budgeted_steps(base, inputs, budget[0])
+    return result
 
 
 def fsdp_profiled(rank: int, out: str) -> dict[str, Any]:

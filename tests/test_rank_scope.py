@@ -136,3 +136,14 @@ def test_a_ranks_scope_counts_what_torchs_tracing_keeps_as_a_process_does(monkey
     buckets = sum(p.numel() * p.element_size() for p in inner.parameters())
     assert (scope.wrapper, scope.traced_bytes) == ("DDP", 8)
     assert scope.resident_bytes == buckets + 8
+
+
+def test_the_reservation_after_a_block_is_as_wide_as_the_head_outside_it() -> None:
+    """Blocks compiled one by one hand a language model's head their outputs: the eager code after the
+    last block (head and loss) is as wide as the head's vocabulary over its width."""
+    model, _ = build("gpt", layers=3, d_model=32, vocab=96)
+    assert rank_scope.head_widening(model.blocks[0], model) == 96 / 32
+    assert rank_scope.head_widening(model, model) == 1.0  # the whole model in one graph: its outputs are the logits
+    wide_inside = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.Linear(64, 4)),
+                                      torch.nn.Linear(4, 2))
+    assert rank_scope.head_widening(wide_inside[0], wide_inside) == 1.0  # a layer inside the block, a narrow head
