@@ -165,7 +165,8 @@ def scope_note(scope: RankScope | None, world_size: int, budget_scope: str) -> s
     """What a budget bounds for this graph, when that is not simply the graph's whole step."""
     if scope is not None and scope.process:
         eager = (f"{format_bytes(scope.eager_bytes)} reserved for the eager code after the graph (three times its "
-                 "outputs that a backward reaches: a loss outside the model), measured on the first step and counted from "
+                 "outputs that a backward reaches, as wide as a head outside it makes them: a loss outside the "
+                 "model), measured on the first step and counted from "
                  "the next" if scope.eager_reserved else
                  f"{format_bytes(scope.eager_bytes)} of eager code after the graph (such as a loss computed outside "
                  "the model), measured on the first step")
