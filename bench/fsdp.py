@@ -60,13 +60,18 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
+def shard_bytes(model: torch.nn.Module) -> int:
+    """The bytes of this rank's parameter shards."""
+    return sum(local(p).untyped_storage().nbytes() for p in model.parameters())
+
+
 def step_peaks(model: torch.nn.Module, inputs: tuple) -> tuple[int, list[float]]:
     """The rank's measured step peak over ``STEPS`` steps and each step's seconds: the CPU profiler's
     peak above what was allocated before the step (gradients set to None first), the largest of
     the steps, plus the local shards held then."""
     from remat.measure import cpu_step_peak
 
-    shards = sum(local(p).untyped_storage().nbytes() for p in model.parameters())
+    shards = shard_bytes(model)
     peaks, times = [], []
     for _ in range(STEPS):
         model.zero_grad(set_to_none=True)

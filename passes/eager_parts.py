@@ -11,7 +11,7 @@ other graphs that ran inside it. At the graph's next call (every rank, under tor
 the largest any measured) the step scope counts them (``RankScope``: ``Problem.handoff_bytes`` at the
 graph's last forward step, the rest at every step): a plan that still fits keeps its program and its
 figures are read again; one that does not is planned and compiled again, or the budget is refused with
-the smallest budget that fits. In a single process the first step runs with a reservation
+the smallest budget that fits. The first step runs with a reservation
 (``rank_scope.reserved_eager_bytes``) and the measured figures are remembered for the graph
 (``step.STEP``); where the first step ran over the budget, a warning says so.
 """
@@ -174,9 +174,10 @@ class EagerWatch:
             return
         (peak,) = largest_on_any_rank([rank_peak_with(self.plan, parts)])
         if peak > budget:
-            log.warning("remat: the first step ran with the eager parts uncounted (%s between the last forward "
-                        "and the first backward: the head and loss), which put the rank's predicted peak at %s, "
-                        "over the budget %s; planning again with them", format_bytes(eager),
+            counted = self.plan.scope.eager_bytes if self.plan.scope is not None else 0
+            log.warning("remat: the first step counted %s for the eager parts, which measured %s (between the last "
+                        "forward and the first backward: the head and loss) and put the rank's predicted peak at %s, "
+                        "over the budget %s; planning again with them", format_bytes(counted), format_bytes(eager),
                         format_bytes(peak), format_bytes(budget))
         if peak <= target:
             self.recount(parts)

@@ -127,17 +127,18 @@ def scope_of(gm: fx.GraphModule, example_inputs: Sequence[Any], budget_scope: st
         return None
     modules = adapter.modules_being_called()
     if not any(adapter.is_fsdp2_module(m) or adapter.is_ddp_module(m) for m in modules):
-        return step_scope(gm, example_inputs, process_scope(gm, example_inputs))
+        return step_scope(gm, example_inputs, process_scope(gm, example_inputs, modules), modules)
     wrapper = wrapper_scope(gm, example_inputs, modules)
-    return None if wrapper is None else step_scope(gm, example_inputs, wrapper)
+    return None if wrapper is None else step_scope(gm, example_inputs, wrapper, modules)
 
 
-def step_scope(gm: fx.GraphModule, example_inputs: Sequence[Any], scope: RankScope) -> RankScope:
+def step_scope(gm: fx.GraphModule, example_inputs: Sequence[Any], scope: RankScope,
+               modules: list[torch.nn.Module]) -> RankScope:
     """``scope`` with what every step counts alike, a rank's or a single process's: what torch's tracing
     keeps alive for the graph, and the eager code after it as measured after this graph on an earlier
     step of this process (the step object's), else reserved until the graph's first step measures it
     (after a block compiled one by one, the model's head and loss: the block's outputs as wide as the
-    head makes them)."""
+    head makes them). ``modules``: those being called, innermost first."""
     from .plan_cache import graph_fingerprint
 
     graph = graph_fingerprint(gm.graph, by_position=True)
@@ -146,17 +147,15 @@ def step_scope(gm: fx.GraphModule, example_inputs: Sequence[Any], scope: RankSco
     measured = STEP.eager_after(graph)
     if measured is not None:
         return scope.with_eager(measured)
-    modules = adapter.modules_being_called()
     widening = head_widening(modules[0], modules[-1]) if modules else 1.0
     return replace(scope, eager_bytes=reserved_eager_bytes(gm, widening), eager_reserved=True)
 
 
-def process_scope(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> RankScope:
+def process_scope(gm: fx.GraphModule, example_inputs: Sequence[Any], modules: list[torch.nn.Module]) -> RankScope:
     """A single process's step before what :func:`step_scope` adds: the whole model's state the graph
     does not read, the other calls of a module built like others (a block) and the open graphs."""
     # the whole model the step runs holds its state, also what other graphs or eager code read
     resident = unread_state_bytes(example_inputs, outermost=True)
-    modules = adapter.modules_being_called()
     # a module built like others of the model (a block) is called once for each: their kept values add up
     copies = copies_of(modules[0], modules[-1]) if modules else 0
     inputs = activation_input_bytes(gm, example_inputs)
@@ -208,9 +207,7 @@ def head_widening(compiled: torch.nn.Module, root: torch.nn.Module) -> float:
     compiled module is the whole model."""
     if compiled is root:
         return 1.0
-    shapes = _parameter_shapes(compiled)
-    blocks = [m for m in root.modules() if type(m) is type(compiled) and _parameter_shapes(m) == shapes]
-    inside = {id(inner) for block in blocks for inner in block.modules()}
+    inside = {id(inner) for block in modules_alike(compiled, root) for inner in block.modules()}
     ratios = [m.out_features / m.in_features for m in root.modules()
               if isinstance(m, torch.nn.Linear) and id(m) not in inside and m.in_features]
     return max([1.0, *ratios])
@@ -290,9 +287,13 @@ def copies_of(compiled: torch.nn.Module, root: torch.nn.Module) -> int:
     compiled graph stands for each of them, and each holds its own kept values."""
     if compiled is root:
         return 0
+    return max(0, len(modules_alike(compiled, root)) - 1)
+
+
+def modules_alike(compiled: torch.nn.Module, root: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules of ``root`` built like ``compiled`` (its class and parameter shapes), itself included."""
     shapes = _parameter_shapes(compiled)
-    alike = [m for m in root.modules() if type(m) is type(compiled) and _parameter_shapes(m) == shapes]
-    return max(0, len(alike) - 1)
+    return [m for m in root.modules() if type(m) is type(compiled) and _parameter_shapes(m) == shapes]
 
 
 def _parameter_shapes(module: torch.nn.Module) -> tuple:

@@ -294,8 +294,7 @@ def budgeted_steps(base: torch.nn.Module, inputs: tuple, budget: int,
     the plan of the steps after it (counting what the first measured) and theirs."""
     before = len(remat.reports())
     model = sharded_blocks(base, {"compiler": "eager", "budget_gb": budget / GIB})
-    shards = sum(fsdp_bench.local(p).untyped_storage().nbytes() for p in model.parameters())
-    first_peak = cpu_step_peak(lambda: model(*inputs).backward()) + shards
+    first_peak = cpu_step_peak(lambda: model(*inputs).backward()) + fsdp_bench.shard_bytes(model)
     first = remat.reports()[before]
     first_plan = {**decision(first), "predicted": first.predicted_peak_bytes, "eager_bytes": first.eager_bytes,
                   "reserved": first.eager_reserved, "measured": first_peak}
