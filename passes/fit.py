@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
 import sys
 import time
@@ -30,11 +31,13 @@ import torch.fx as fx
 from remat.solvers.errors import BudgetError, format_bytes
 from remat.solvers.model import rank_extra_bytes
 from remat.solvers.plan import budget_error, min_budget_bytes
+from remat.solvers.solution import Solution
 
 from . import inductor_account as account
 from . import torch_adapter as adapter
 from .attempt import Attempt, CompileStopped, GraphSetting, choosing
 from .graph_plan import GraphPlan
+from .known_programs import KNOWN, ProgramAccount, identity
 from .partition import Planner
 
 log = logging.getLogger(__name__)
@@ -104,6 +107,10 @@ def compile_fitted(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: P
             fallbacks[target] = peak
         if plan.smallest:
             fallbacks[SMALLEST] = peak
+        if SMALLEST not in fallbacks:  # compiled before in this process (remat.plan's smallest feasible budget)
+            fallbacks.update(smallest_missed(gm, example_inputs, plan, limit))
+        if fallbacks.get(SMALLEST, 0) > limit and not fastest_may_be_lower(plan, fallbacks[SMALLEST]):
+            raise over_budget(plan, fallbacks[SMALLEST])  # below the smallest feasible budget: nothing fits
         tighten = attempt < MAX_TIGHTENED and not plan.smallest
         if tighten and (out_of_reach(plan, peak, limit) or (last_peak is not None and peak >= last_peak)):
             tighten, skipped = False, True  # out of the model's reach, or tightening made no headway
@@ -121,6 +128,24 @@ def compile_fitted(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: P
                  format_bytes(peak), format_bytes(limit))
 
 
+def smallest_missed(gm: fx.GraphModule, example_inputs: Sequence[Any], plan: GraphPlan, limit: int) -> dict[int, int]:
+    """``{SMALLEST: peak}`` where the smallest-peak plan's program is known in this process and
+    peaks over ``limit``, else ``{}`` (unknown, or it fits: the loop compiles it when it gets there)."""
+    peak = known_peak(identity(gm, example_inputs), plan, plan.lowest())
+    return {SMALLEST: peak} if peak is not None and peak > limit else {}
+
+
+def known_peak(graph: str, plan: GraphPlan, solution: Solution) -> int | None:
+    """The step's peak under ``plan``'s graph and scope with ``solution``'s program, where that
+    program was compiled in this process (``graph``: its :func:`identity`); else None."""
+    account = KNOWN.account(graph, solution, plan.workspace_by_node)
+    if account is None:
+        return None
+    judged = dataclasses.replace(plan, solution=solution, handoff_bytes=account.handoff_bytes,
+                                 program_peak_bytes=account.peak_bytes, program_peaks=account.peaks)
+    return compiled_rank_peak(judged, account.peak_bytes, plan.problem.handoff_bytes)
+
+
 def fastest_may_be_lower(plan: GraphPlan, smallest_peak: int) -> bool:
     """Whether the fastest plan's program could peak under the smallest-peak plan's program
     (``smallest_peak``), so that compiling it can lower the smallest feasible budget: not where
@@ -133,23 +158,18 @@ def fastest_may_be_lower(plan: GraphPlan, smallest_peak: int) -> bool:
     return plan.store_all.peak_bytes <= (1 + FASTEST_MARGIN) * smallest_peak
 
 
-def decision(plan: GraphPlan) -> tuple:
-    """What a compiled program follows from: the problem (its scope included) and the saved and
-    recomputed sets. Two plans alike in it compile to one program."""
-    return plan.problem, repr(plan.scope), plan.solution.saved, plan.solution.recomputed
-
-
 def compile_unless_known(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, attempt: Attempt,
                          compile_graph: Compile, *, fits_too: bool = True) -> tuple[Callable[..., Any] | None,
                                                                                      GraphPlan | None, int]:
-    """:func:`compile_once`, except where the plan made is one whose program this planner compiled
-    already and that program misses the plan's target (any known program, with ``fits_too`` off):
-    then no compile, None for the callable, and that program's peak (the plan is not kept)."""
-    known = planner.program_peaks
+    """:func:`compile_once`, except where the plan made is one whose program this process compiled
+    already (``passes/known_programs.py``) and that program misses the plan's target (any known
+    program, with ``fits_too`` off): then no compile, None for the callable, and that program's
+    peak (the plan is not kept)."""
+    graph = identity(gm, example_inputs)
 
     def wanted(plan: GraphPlan) -> bool:
-        peak = known.get(decision(plan))
-        return peak is None or (fits_too and plan.target is not None and peak <= plan.target)
+        peak = known_peak(graph, plan, plan.solution)
+        return peak is None or (fits_too and (plan.target is None or peak <= plan.target))
 
     attempt.wanted = wanted
     try:
@@ -157,7 +177,7 @@ def compile_unless_known(gm: fx.GraphModule, example_inputs: Sequence[Any], plan
     except CompileStopped:
         if attempt.stopped != "unwanted":
             raise
-        return None, attempt.plan, known[decision(attempt.plan)]
+        return None, attempt.plan, known_peak(graph, attempt.plan, attempt.plan.solution)
 
 
 def out_of_reach(plan: GraphPlan, peak: int, limit: int) -> bool:
@@ -245,6 +265,7 @@ def compile_once(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Pla
     Inductor may load the program from its FX graph cache. For a plan from remat's plan
     cache the stored account stands for it; any other plan is compiled again, the cache
     off, so that its program is generated and accounted for."""
+    graph = identity(gm, example_inputs)  # (Inductor's settings before remat's own)
     compiled, plan, programs = compile_recorded(gm, example_inputs, planner, attempt, compile_graph)
     if plan is None:
         return compiled, None, 0
@@ -266,7 +287,8 @@ def compile_once(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Pla
     plan.program_peaks = (step.forward_peak_bytes, step.backward_peak_bytes, step.output_bytes)
     peak = compiled_rank_peak(plan, step.peak_bytes, plan.problem.handoff_bytes)
     plan.compiled_peak_bytes = peak
-    planner.program_peaks[decision(plan)] = peak
+    KNOWN.remember(graph, plan.solution, plan.workspace_by_node,
+                   ProgramAccount(step.peak_bytes, step.handoff_bytes, plan.program_peaks))
     return compiled, plan, peak
 
 

@@ -59,14 +59,11 @@ def nodes_to_save(graph: fx.Graph, node_info: adapter.NodeInfo, solution: Soluti
 
 class Planner:
     """What every compile of one model shares: the request, the plan cache, measured op costs,
-    smallest-peak plans by problem and compiled programs' peaks by decision. Each compile asks it
-    for a plan through its own :class:`Attempt` (``choose``)."""
+    smallest-peak plans by problem (compiled programs' peaks are the process's:
+    ``passes/known_programs.py``). Each compile asks it for a plan through its own :class:`Attempt` (``choose``)."""
 
     def __init__(self, request: PlanRequest) -> None:
         self.request = request
-        # the peak of each decision's program compiled for this planner (passes/fit.py): one is not
-        # compiled twice to learn it
-        self.program_peaks: dict[tuple, int] = {}
         # one cache per process: planning and compiling the same model then
         # see the same costs (CPU workspace, in particular, varies run to run)
         self.cache = SHARED_TIMINGS
@@ -94,6 +91,7 @@ class Planner:
             plan = self.plan_given(setting.given, joint_graph, node_info, forward)
         else:
             plan = self.local_plan(attempt, joint_graph, node_info, forward, specialized)
+            plan.scope = setting.scope  # (judged with the memory around the graph)
             if attempt.wanted is not None and not attempt.wanted(plan):
                 attempt.plan = plan
                 raise attempt.stop("unwanted")

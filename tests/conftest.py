@@ -65,10 +65,14 @@ def budget_between(report: remat.Report, fraction: float) -> float:
 
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
+    from remat.passes.known_programs import KNOWN
     from remat.passes.step import STEP
 
-    torch._dynamo.reset()
-    STEP.forget_measured()  # what a step measured after a graph: each test measures its own
+    def forget() -> None:
+        torch._dynamo.reset()
+        STEP.forget_measured()  # what a step measured after a graph: each test measures its own
+        KNOWN.forget()  # and compiles its own programs: what a test compiles does not hang on the order
+
+    forget()
     yield
-    torch._dynamo.reset()
-    STEP.forget_measured()
+    forget()

@@ -64,6 +64,7 @@ from .inductor_program import (  # re-exported: the adapter is one namespace
     fx_placeholder_names,
     graph_input_bytes,
     graph_output_names,
+    inductor_config_digest,
     memory_event,
     on_inductor_codegen,
     output_names,

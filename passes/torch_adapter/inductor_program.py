@@ -167,6 +167,12 @@ def _scratch(node: Any) -> tuple:
     return ("scratch", tuple(sorted(o.name for o in origins if hasattr(o, "name"))))
 
 
+def inductor_config_digest() -> bytes:
+    """A digest of Inductor's settings that change the program it generates (those its own
+    FX graph cache keys on)."""
+    return inductor_config.get_hash()
+
+
 def allocation_granularity(lowering: Any) -> int:
     """Bytes each allocation is rounded up to: the CUDA caching allocator's 512-byte blocks
     (``max_memory_allocated`` counts them), exact sizes elsewhere."""
