@@ -15,14 +15,11 @@ Writes ``<date>-cpu-floor.{json,md}`` into ``--out``.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import pathlib
-import platform
-
-import torch
 
 from bench.__main__ import SIZES, build
+from bench.render import write_cpu_results
 from bench.scaling import planned
 from remat.solvers.ilp import ILPConfig, min_peak
 
@@ -56,16 +53,10 @@ def markdown(rows: list[dict]) -> str:
 
 
 def write(out: pathlib.Path, rows: list[dict], command: str) -> None:
-    today = dt.date.today().isoformat()
-    meta = {"date": today, "device": "cpu", "torch": torch.__version__, "python": platform.python_version(),
-            "command": command}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{today}-cpu-floor.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    (out / f"{today}-cpu-floor.md").write_text(
-        f"# The floor of remat's plan space, {today}, CPU, torch {meta['torch']}\n\nCommand: `{command}`\n\n"
-        "Predicted peaks in remat's memory model (planned for Inductor). *proven floor*: the smallest-peak "
-        "program's lower bound over every plan (no shared decisions); no keep/recompute plan predicts less.\n\n"
-        + markdown(rows))
+    write_cpu_results(out, "floor", rows, command, "The floor of remat's plan space",
+                      "Predicted peaks in remat's memory model (planned for Inductor). *proven floor*: the "
+                      "smallest-peak program's lower bound over every plan (no shared decisions); no "
+                      "keep/recompute plan predicts less.\n\n" + markdown(rows))
 
 
 def main(argv: list[str] | None = None) -> None:

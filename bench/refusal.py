@@ -17,10 +17,7 @@ first call to the ``BudgetError``. Writes ``<date>-cpu-refusal.{json,md}`` into 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import pathlib
-import platform
 import time
 from typing import Any
 
@@ -28,6 +25,7 @@ import torch
 
 import remat
 from bench.__main__ import SIZES, build
+from bench.render import write_cpu_results
 from remat.errors import GIB
 from remat.passes import fit
 from remat.passes.known_programs import KNOWN
@@ -87,16 +85,10 @@ def markdown(rows: list[dict]) -> str:
 
 
 def write(out: pathlib.Path, rows: list[dict], command: str) -> None:
-    today = dt.date.today().isoformat()
-    meta = {"date": today, "device": "cpu", "torch": torch.__version__, "python": platform.python_version(),
-            "command": command}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{today}-cpu-refusal.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    (out / f"{today}-cpu-refusal.md").write_text(
-        f"# Refusing a budget one byte below the smallest feasible, {today}, CPU, torch {meta['torch']}\n\n"
-        f"Command: `{command}`\n\nUnder Inductor, analytic costs. *after remat.plan*: the programs remat.plan "
-        "compiled for the smallest feasible budget are known to the process; *fresh*: none is. Seconds are "
-        "wall clock on a shared machine, from the first call to the BudgetError.\n\n" + markdown(rows))
+    write_cpu_results(out, "refusal", rows, command, "Refusing a budget one byte below the smallest feasible",
+                      "Under Inductor, analytic costs. *after remat.plan*: the programs remat.plan compiled for "
+                      "the smallest feasible budget are known to the process; *fresh*: none is. Seconds are "
+                      "wall clock on a shared machine, from the first call to the BudgetError.\n\n" + markdown(rows))
 
 
 def parse_set(items: list[str]) -> dict[str, int]:

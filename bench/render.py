@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import pathlib
+import platform
 from typing import Any
+
+import torch
 
 Row = dict[str, Any]
 TOLERANCE = 0.05  # prediction within 5 % of the measured peak
@@ -213,3 +218,15 @@ def plot(path: pathlib.Path, title: str, rows: list[Row]) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def write_cpu_results(out: pathlib.Path, name: str, rows: list[Row], command: str, title: str, text: str) -> None:
+    """``<date>-cpu-<name>.json`` (rows and how they were made) and ``.md`` (``title``, the command,
+    then ``text``) in ``out``."""
+    today = dt.date.today().isoformat()
+    meta = {"date": today, "device": "cpu", "torch": torch.__version__, "python": platform.python_version(),
+            "command": command}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{today}-cpu-{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    (out / f"{today}-cpu-{name}.md").write_text(f"# {title}, {today}, CPU, torch {meta['torch']}\n\n"
+                                                f"Command: `{command}`\n\n{text}")
