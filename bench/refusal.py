@@ -1,6 +1,6 @@
 """How long remat takes to refuse a budget one byte below the smallest feasible one (Inductor).
 
-    python -m bench.refusal --models gpt llama [--set layers=2]
+    python -m bench.refusal --models gpt llama [--set layers=2 --set batch=2]
 
 Per model (the CPU sizes of ``python -m bench`` unless ``--set`` overrides them; analytic costs, so
 that every compile plans from the same costs): ``remat.plan`` names the smallest feasible budget,
@@ -26,6 +26,7 @@ import torch
 import remat
 from bench.__main__ import SIZES, build
 from bench.render import write_cpu_results
+from remat.cli import parse_overrides
 from remat.errors import GIB
 from remat.passes import fit
 from remat.passes.known_programs import KNOWN
@@ -91,21 +92,17 @@ def write(out: pathlib.Path, rows: list[dict], command: str) -> None:
                       "wall clock on a shared machine, from the first call to the BudgetError.\n\n" + markdown(rows))
 
 
-def parse_set(items: list[str]) -> dict[str, int]:
-    pairs = (item.split("=", 1) for item in items)
-    return {key: int(value) for key, value in pairs}
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.refusal", description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["gpt", "llama"], choices=sorted(SIZES["cpu"]))
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=INT", help="size overrides, e.g. layers=2")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="override a size field of every model (e.g. layers=2); recorded in the results")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args(argv)
-    command = " ".join(["python -m bench.refusal --models", *args.models, *(["--set", *args.set] if args.set else [])])
+    command = "python -m bench.refusal --models " + " ".join(args.models) + "".join(f" --set {p}" for p in args.set)
     rows: list[dict] = []
     for name in args.models:  # rewritten after each model: a cut-short run keeps what it measured
-        rows += refusal_of(name, {**SIZES["cpu"][name], **parse_set(args.set)})
+        rows += refusal_of(name, {**SIZES["cpu"][name], **parse_overrides(args.set)})
         write(pathlib.Path(args.out), rows, command)
     print(markdown(rows))
 
