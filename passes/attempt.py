@@ -67,6 +67,9 @@ class GraphSetting:
     # under torch.distributed, on ranks other than 0: rank 0's plan record and its joint graph's node names
     given: tuple[dict, list[str]] | None = None
     record_programs: bool = False  # record AOTAutograd's cache entry of each program (passes/program_cache.py)
+    # what its programs follow from besides the plan (passes/known_programs.identity), read once where
+    # the backend compiles with Inductor, before remat's own Inductor settings; "" elsewhere
+    program: str = ""
 
 
 @dataclass(eq=False)

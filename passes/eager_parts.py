@@ -41,6 +41,7 @@ from .eager_window import (  # noqa: F401  (re-exported: the watch's vocabulary)
     window_of,
 )
 from .graph_plan import MIN_FEASIBLE, STEP_NOTE, defer_min_feasible, scope_note
+from .known_programs import ProgramAccount
 from .rank_scope import storages_of
 from .ranks import largest_on_any_rank
 from .step import STEP, OpenGraph
@@ -202,7 +203,9 @@ def rank_peak_with(plan: Any, eager: EagerParts) -> int:
     if plan.handoff_bytes is None:  # a program whose forward's end was not read: as if at its peak
         return plan.compiled_peak_bytes + handoff + grown
     program_peak = plan.program_peak_bytes  # (a reservation it was compiled with is replaced)
-    at_handoff = compiled_rank_peak(plan, 0 if program_peak is None else program_peak, handoff, eager.freed) + grown
+    program = (ProgramAccount(0, plan.handoff_bytes, None) if program_peak is None
+               else ProgramAccount(program_peak, plan.handoff_bytes, plan.program_peaks))
+    at_handoff = compiled_rank_peak(plan, program, handoff, eager.freed) + grown
     # without the program's own peak, the one accepted stands; the hand-off may now be higher
     return at_handoff if program_peak is not None else max(plan.compiled_peak_bytes + grown, at_handoff)
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import logging
 import sys
 import time
@@ -37,7 +36,7 @@ from . import inductor_account as account
 from . import torch_adapter as adapter
 from .attempt import Attempt, CompileStopped, GraphSetting, choosing
 from .graph_plan import GraphPlan
-from .known_programs import KNOWN, ProgramAccount, identity
+from .known_programs import KNOWN, ProgramAccount
 from .partition import Planner
 
 log = logging.getLogger(__name__)
@@ -108,7 +107,7 @@ def compile_fitted(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: P
         if plan.smallest:
             fallbacks[SMALLEST] = peak
         if SMALLEST not in fallbacks:  # compiled before in this process (remat.plan's smallest feasible budget)
-            fallbacks.update(smallest_missed(gm, example_inputs, plan, limit))
+            fallbacks.update(smallest_missed(setting, plan, limit))
         if fallbacks.get(SMALLEST, 0) > limit and not fastest_may_be_lower(plan, fallbacks[SMALLEST]):
             raise over_budget(plan, fallbacks[SMALLEST])  # below the smallest feasible budget: nothing fits
         tighten = attempt < MAX_TIGHTENED and not plan.smallest
@@ -128,22 +127,29 @@ def compile_fitted(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: P
                  format_bytes(peak), format_bytes(limit))
 
 
-def smallest_missed(gm: fx.GraphModule, example_inputs: Sequence[Any], plan: GraphPlan, limit: int) -> dict[int, int]:
+def smallest_missed(setting: GraphSetting, plan: GraphPlan, limit: int) -> dict[int, int]:
     """``{SMALLEST: peak}`` where the smallest-peak plan's program is known in this process and
     peaks over ``limit``, else ``{}`` (unknown, or it fits: the loop compiles it when it gets there)."""
-    peak = known_peak(identity(gm, example_inputs), plan, plan.lowest())
+    peak = known_peak(setting, plan, plan.lowest())
     return {SMALLEST: peak} if peak is not None and peak > limit else {}
 
 
-def known_peak(graph: str, plan: GraphPlan, solution: Solution) -> int | None:
+def known_peak(setting: GraphSetting, plan: GraphPlan, solution: Solution) -> int | None:
     """The step's peak under ``plan``'s graph and scope with ``solution``'s program, where that
-    program was compiled in this process (``graph``: its :func:`identity`); else None."""
-    account = KNOWN.account(graph, solution, plan.workspace_by_node)
-    if account is None:
+    program was compiled in this process; else None."""
+    program = KNOWN.account(program_of(setting), solution, plan.workspace_by_node)
+    if program is None:
         return None
-    judged = dataclasses.replace(plan, solution=solution, handoff_bytes=account.handoff_bytes,
-                                 program_peak_bytes=account.peak_bytes, program_peaks=account.peaks)
-    return compiled_rank_peak(judged, account.peak_bytes, plan.problem.handoff_bytes)
+    return compiled_rank_peak(plan, program, plan.problem.handoff_bytes, saved=solution.saved)
+
+
+def program_of(setting: GraphSetting) -> str:
+    """The setting's program identity, which the backend reads for every graph it compiles with
+    Inductor: without it, programs of different graphs would share accounts."""
+    if not setting.program:
+        raise RuntimeError("remat compiled a graph with Inductor without its program identity "
+                           "(GraphSetting.program); please report this")
+    return setting.program
 
 
 def fastest_may_be_lower(plan: GraphPlan, smallest_peak: int) -> bool:
@@ -165,10 +171,8 @@ def compile_unless_known(gm: fx.GraphModule, example_inputs: Sequence[Any], plan
     already (``passes/known_programs.py``) and that program misses the plan's target (any known
     program, with ``fits_too`` off): then no compile, None for the callable, and that program's
     peak (the plan is not kept)."""
-    graph = identity(gm, example_inputs)
-
     def wanted(plan: GraphPlan) -> bool:
-        peak = known_peak(graph, plan, plan.solution)
+        peak = known_peak(attempt.setting, plan, plan.solution)
         return peak is None or (fits_too and (plan.target is None or peak <= plan.target))
 
     attempt.wanted = wanted
@@ -177,7 +181,7 @@ def compile_unless_known(gm: fx.GraphModule, example_inputs: Sequence[Any], plan
     except CompileStopped:
         if attempt.stopped != "unwanted":
             raise
-        return None, attempt.plan, known_peak(graph, attempt.plan, attempt.plan.solution)
+        return None, attempt.plan, known_peak(attempt.setting, attempt.plan, attempt.plan.solution)
 
 
 def out_of_reach(plan: GraphPlan, peak: int, limit: int) -> bool:
@@ -265,7 +269,7 @@ def compile_once(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Pla
     Inductor may load the program from its FX graph cache. For a plan from remat's plan
     cache the stored account stands for it; any other plan is compiled again, the cache
     off, so that its program is generated and accounted for."""
-    graph = identity(gm, example_inputs)  # (Inductor's settings before remat's own)
+    program_of(attempt.setting)  # (before compiling: a setting without it is a bug, found now)
     compiled, plan, programs = compile_recorded(gm, example_inputs, planner, attempt, compile_graph)
     if plan is None:
         return compiled, None, 0
@@ -283,27 +287,29 @@ def compile_once(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Pla
         plan.notes.append(f"compiled account incomplete: {step.incomplete_reason}")
     # the rank's memory outside the graph (budget_scope "rank"): the program's peak is one part of it,
     # and so is what it hands the backward while the eager head and loss run between the two
-    plan.handoff_bytes, plan.program_peak_bytes = step.handoff_bytes, step.peak_bytes
-    plan.program_peaks = (step.forward_peak_bytes, step.backward_peak_bytes, step.output_bytes)
-    peak = compiled_rank_peak(plan, step.peak_bytes, plan.problem.handoff_bytes)
-    plan.compiled_peak_bytes = peak
-    KNOWN.remember(graph, plan.solution, plan.workspace_by_node,
-                   ProgramAccount(step.peak_bytes, step.handoff_bytes, plan.program_peaks))
+    program = ProgramAccount(step.peak_bytes, step.handoff_bytes,
+                             (step.forward_peak_bytes, step.backward_peak_bytes, step.output_bytes))
+    plan.handoff_bytes, plan.program_peak_bytes = program.handoff_bytes, program.peak_bytes
+    plan.program_peaks = program.peaks
+    plan.compiled_peak_bytes = peak = compiled_rank_peak(plan, program, plan.problem.handoff_bytes)
+    KNOWN.remember(program_of(attempt.setting), plan.solution, plan.workspace_by_node, program)
     return compiled, plan, peak
 
 
-def compiled_rank_peak(plan: GraphPlan, program_peak: int, eager: int, freed: int | None = None) -> int:
-    """The rank's peak under a plan whose program peaks at ``program_peak``, with ``eager`` bytes
-    of eager code between its forward and backward (``plan.handoff_bytes`` known). Outputs the eager
-    code was measured to free (a loss outside the model drops the logits) are not held through the
-    backward, which the program's own account does."""
-    extra = rank_extra_bytes(plan.problem, plan.solution.saved)
+def compiled_rank_peak(plan: GraphPlan, program: ProgramAccount, eager: int, freed: int | None = None,
+                       saved: frozenset | None = None) -> int:
+    """The rank's peak under ``plan``'s graph and scope with ``program``, ``eager`` bytes of eager code
+    between its forward and backward, and ``saved`` kept (the plan's own by default). Outputs the
+    eager code was measured to free (a loss outside the model drops the logits) are not held through
+    the backward, which the program's own account does."""
+    extra = rank_extra_bytes(plan.problem, plan.solution.saved if saved is None else saved)
     if freed is None:
         freed = plan.scope.eager_freed_bytes if plan.scope is not None else 0
-    if freed and plan.program_peaks is not None and program_peak == plan.program_peak_bytes:
-        forward, backward, outputs = plan.program_peaks
-        program_peak = max(forward, backward - min(freed, outputs))
-    return max(program_peak, (plan.handoff_bytes or 0) + eager) + extra
+    peak = program.peak_bytes
+    if freed and program.peaks is not None:
+        forward, backward, outputs = program.peaks
+        peak = max(forward, backward - min(freed, outputs))
+    return max(peak, program.handoff_bytes + eager) + extra
 
 
 def compile_recorded(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, attempt: Attempt,

@@ -37,7 +37,7 @@ class ProgramAccount:
 
     peak_bytes: int
     handoff_bytes: int  # alive when its forward returns
-    peaks: tuple[int, int, int]  # its forward's and backward's peaks, the caller's outputs
+    peaks: tuple[int, int, int] | None  # its forward's and backward's peaks, the caller's outputs (None: unread)
 
 
 def identity(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str:

@@ -23,6 +23,7 @@ from remat.passes.torch_adapter.meta_capture import captured_as_on, is_meta
 from remat.passes.attempt import Attempt, CompileStopped, GraphSetting, compile_attempt
 from remat.passes.fit import Fitted, compile_fitted, compile_given, defer_min_feasible
 from remat.passes.graph_plan import GraphPlan
+from remat.passes.known_programs import identity
 from remat.passes.names import names_of_inputs
 from remat.passes.partition import Planner
 
@@ -141,6 +142,8 @@ class RematBackend:
         # Inductor: compile, account for the program it generated, plan tighter while it is over
         # (rank 0 did that for a given plan: it is compiled as it is)
         fitted = compile_given if setting.given is not None else compile_fitted
+        # what the graph's programs follow from besides their plans (read before remat's Inductor settings)
+        setting = dataclasses.replace(setting, program=identity(gm, example_inputs))
         compiled, plan = fitted(gm, example_inputs, self.planner, setting, adapter.compile_inductor)
         if plan is None:  # an inference graph (no grad): nothing planned
             return compiled, None
