@@ -47,6 +47,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "hf-gpt2": {"layers": 12, "d_model": 768, "heads": 12, "seq": 1024, "vocab": 50257, "batch": 8},
         "hf-llama": {**_GPT_CUDA, "hidden": 2816},
         "hf-bert": {"layers": 12, "d_model": 768, "heads": 12, "seq": 512, "vocab": 30522, "batch": 32},
+        "hf-t5": {"layers": 12, "d_model": 768, "heads": 12, "seq": 512, "vocab": 32128, "batch": 8},  # T5-base
     },
     "cpu": {
         "gpt": {"layers": 4, "d_model": 256, "heads": 8, "seq": 128, "vocab": 1024, "batch": 4},
@@ -57,6 +58,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "hf-gpt2": {"layers": 4, "d_model": 256, "heads": 8, "seq": 256, "vocab": 1024, "batch": 4},
         "hf-llama": {"layers": 4, "d_model": 256, "heads": 8, "seq": 256, "vocab": 1024, "batch": 4},
         "hf-bert": {"layers": 4, "d_model": 256, "heads": 8, "seq": 256, "vocab": 1024, "batch": 4},
+        "hf-t5": {"layers": 2, "d_model": 256, "heads": 8, "seq": 256, "vocab": 1024, "batch": 4},
     },
     "smoke": {
         "gpt": {"layers": 2, "d_model": 64, "heads": 4, "seq": 64, "vocab": 256, "batch": 4},

@@ -1,12 +1,17 @@
 """Hugging Face ``transformers`` models built from configs (no downloaded weights), when installed.
 
-Each is wrapped so that ``model(*inputs)`` is the scalar loss and ``model.blocks``
-is its list of layers (what the checkpoint-per-block peers wrap). Dropout is
-off, as in the defaults of remat.zoo, so every peer trains the same function.
+Models: GPT-2 (``hf-gpt2``), Llama (``hf-llama``), BERT (``hf-bert``) and the
+encoder-decoder T5 (``hf-t5``). Each is wrapped so that ``model(*inputs)`` is the
+scalar loss and ``model.blocks`` is its list of layers (what the checkpoint-per-block
+peers wrap; T5's: the encoder's blocks, then the decoder's). Dropout is off, as in
+the defaults of remat.zoo, so every peer trains the same function.
 
 >>> if available():
 ...     model, inputs = build("hf-gpt2", layers=1, d_model=32, heads=2, seq=16, vocab=64, batch=2)
 ...     model(*inputs).backward()
+...     t5, inputs = build("hf-t5", layers=1, d_model=32, heads=2, seq=16, vocab=64, batch=2)
+...     t5(*inputs).backward()
+...     assert len(t5.blocks) == 2  # the encoder's block, then the decoder's
 """
 
 from __future__ import annotations
@@ -44,6 +49,20 @@ class HFLoss(nn.Module):
         return self.hf(input_ids=idx).logits
 
 
+class JoinedBlocks(nn.ModuleList):
+    """The blocks of several ``nn.ModuleList`` as one list; setting an item sets it in its own list too
+    (so that a checkpoint wrapper put on ``blocks[i]`` is the one the model runs)."""
+
+    def __init__(self, *lists: nn.ModuleList) -> None:
+        super().__init__([block for blocks in lists for block in blocks])
+        self._homes = [(blocks, i) for blocks in lists for i in range(len(blocks))]
+
+    def __setitem__(self, idx: int, module: nn.Module) -> None:  # type: ignore[override]
+        super().__setitem__(idx, module)
+        home, i = self._homes[idx]
+        home[i] = module
+
+
 def _gpt2(c: dict[str, Any]) -> HFLoss:
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -76,7 +95,20 @@ def _bert(c: dict[str, Any]) -> HFLoss:
     return HFLoss(hf, hf.bert.encoder.layer)
 
 
-BUILDERS: dict[str, Callable[[dict[str, Any]], HFLoss]] = {"hf-gpt2": _gpt2, "hf-llama": _llama, "hf-bert": _bert}
+def _t5(c: dict[str, Any]) -> HFLoss:
+    """Encoder-decoder: ``layers`` blocks each; the labels, shifted right by T5 itself, feed the decoder."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    cfg = T5Config(num_layers=c["layers"], num_decoder_layers=c["layers"], d_model=c["d_model"],
+                   num_heads=c["heads"], d_kv=c["d_model"] // c["heads"], d_ff=4 * c["d_model"],
+                   vocab_size=c["vocab"], dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0,
+                   use_cache=False)  # a training step: no key/value cache in the decoder
+    hf = T5ForConditionalGeneration(cfg)
+    return HFLoss(hf, JoinedBlocks(hf.encoder.block, hf.decoder.block))
+
+
+BUILDERS: dict[str, Callable[[dict[str, Any]], HFLoss]] = {"hf-gpt2": _gpt2, "hf-llama": _llama, "hf-bert": _bert,
+                                                            "hf-t5": _t5}
 
 
 def names() -> list[str]:
