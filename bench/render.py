@@ -220,13 +220,17 @@ def plot(path: pathlib.Path, title: str, rows: list[Row]) -> None:
     plt.close(fig)
 
 
-def write_cpu_results(out: pathlib.Path, name: str, rows: list[Row], command: str, title: str, text: str) -> None:
-    """``<date>-cpu-<name>.json`` (rows and how they were made) and ``.md`` (``title``, the command,
-    then ``text``) in ``out``."""
+def write_cpu_results(out: pathlib.Path, name: str, rows: list[Row], command: str, title: str, text: str, *,
+                      meta: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> pathlib.Path:
+    """``<date>-cpu-<name>.json`` (rows and how they were made, with ``meta`` added to that and
+    ``extra`` beside the rows) and ``.md`` (``title``, the command, then ``text``) in ``out``; the
+    json's path."""
     today = dt.date.today().isoformat()
     meta = {"date": today, "device": "cpu", "torch": torch.__version__, "python": platform.python_version(),
-            "command": command}
+            "command": command, **(meta or {})}
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{today}-cpu-{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    path = out / f"{today}-cpu-{name}.json"
+    path.write_text(json.dumps({"meta": meta, "rows": rows, **(extra or {})}, indent=2))
     (out / f"{today}-cpu-{name}.md").write_text(f"# {title}, {today}, CPU, torch {meta['torch']}\n\n"
                                                 f"Command: `{command}`\n\n{text}")
+    return path

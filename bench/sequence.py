@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as dt
 import json
 import os
 import pathlib
@@ -203,13 +202,10 @@ def cpu_name() -> str:
 def write(out: pathlib.Path, name: str, rows: list[Row], info: dict[str, Any]) -> None:
     """The json (rows, meta with the CPU, budget and longest table), md and png; rewritten per cell."""
     budget = info["budget_bytes"]
-    write_cpu_results(out, name, rows, info["command"], "Peak memory against sequence length",
-                      markdown(rows, budget, info["size"]))
-    path = out / f"{dt.date.today().isoformat()}-cpu-{name}.json"
-    data = json.loads(path.read_text())
-    data["meta"].update(cpu=cpu_name(), threads=torch.get_num_threads(), **info)
-    data["longest"] = None if budget is None else longest(rows, budget)
-    path.write_text(json.dumps(data, indent=2))
+    path = write_cpu_results(out, name, rows, info["command"], "Peak memory against sequence length",
+                             markdown(rows, budget, info["size"]),
+                             meta={"cpu": cpu_name(), "threads": torch.get_num_threads(), **info},
+                             extra={"longest": None if budget is None else longest(rows, budget)})
     plot(path.with_suffix(".png"), rows, budget)
 
 
