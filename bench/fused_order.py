@@ -5,7 +5,7 @@
 
 remat compiles its graphs with two rules (``passes/torch_adapter/inductor_order.py``):
 ``FusedAtLastPart``, each fused kernel runs where its last part was, not its first; and
-``LocalHorizontalFusion``, no horizontal fusion spans an extern kernel. For each model, in one
+``LocalFusion``, no fusion spans an extern kernel. For each model, in one
 process (one profile: every variant plans with the same measured costs), this records the
 smallest feasible budget under Inductor and, at 0, 25 and 50 % of the way from it to store-all,
 the predicted and compiled peaks: with Inductor's order and fusions, with the pass alone, and
@@ -86,11 +86,11 @@ def write(out: pathlib.Path, rows: list[dict], command: str) -> None:
     meta = {"date": today, "device": "cpu", "torch": torch.__version__, "threads": torch.get_num_threads(),
             "sizes": {r["model"]: SIZES["cpu"][r["model"]] for r in rows}, "command": command}
     (out / f"{today}-cpu-fused-order.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    text = (f"# Fused kernels at their last part or their first, local horizontal fusion: CPU, {today}, torch {torch.__version__}\n\n"
+    text = (f"# Fused kernels at their last part or their first, local fusion: CPU, {today}, torch {torch.__version__}\n\n"
             f"Command: `{command}`\n\nOne process per model, one profile for every variant; Inductor; "
             "the bench's CPU sizes. Budgets are fractions of the way from each variant's own smallest "
             "feasible budget to store-all. Variants: Inductor's order and fusions; the last-part pass "
-            "alone; the pass and no horizontal fusion across an extern kernel (remat's default).\n\n" + markdown(rows))
+            "alone; the pass and no fusion across an extern kernel (remat's default).\n\n" + markdown(rows))
     (out / f"{today}-cpu-fused-order.md").write_text(text)
 
 

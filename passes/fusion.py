@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import torch
 import torch.fx as fx
 
 from . import torch_adapter as adapter
@@ -76,6 +77,57 @@ def inlined_values(steps: list[fx.Node], costs: dict[str, NodeCost], outputs: se
     return set(bodies)
 
 
+def inlined_early(steps: list[fx.Node], costs: dict[str, NodeCost], outputs: set[fx.Node],
+                  inlined: set[fx.Node]) -> dict[fx.Node, frozenset[fx.Node]]:
+    """Readers that compute a realized pointwise value inline, and the buffers they read for it.
+
+    Inductor lowers in graph order and realizes a pointwise value read through views by an
+    extern kernel only when that kernel lowers: a pointwise or reduction reader lowered before
+    then computes the value from its inputs. In a softmax backward ``fma`` feeds two matmuls
+    through a view and a batch sum lowered first, so the sum read the scores' gradient and the
+    saved softmax output, not ``fma``, and kept both alive (and ``fma`` from taking either's
+    buffer) until it ran."""
+    kind = {n: costs[n.name].kind if n.name in costs else None for n in steps}
+    step_of = {n: i for i, n in enumerate(steps)}
+    bodies: dict[fx.Node, Inline] = {}
+    early: dict[fx.Node, frozenset[fx.Node]] = {}
+    for node in steps:
+        body = inline_body(node, bodies)
+        if node in inlined:
+            bodies[node] = body
+            continue
+        if kind[node] != "pointwise" or node in outputs or len(node.users) < 2:
+            continue
+        if any(u not in step_of or kind[u] not in ("pointwise", "reduction", "view") for u in node.users):
+            continue  # a direct extern or outside reader: realized as it lowers
+        realized_at = min((step_of[c] for c in view_consumers(node, kind, step_of)), default=None)
+        for user in node.users:
+            if realized_at is not None and kind[user] in ("pointwise", "reduction") and step_of[user] < realized_at:
+                early[user] = early.get(user, frozenset()) | body.reads
+    return early
+
+
+def view_consumers(node: fx.Node, kind: dict, step_of: dict) -> list[fx.Node]:
+    """The readers of ``node``'s views that are not views, pointwise ops or reductions."""
+    found, todo = [], [u for u in node.users if kind.get(u) == "view"]
+    while todo:
+        view = todo.pop()
+        for user in view.users:
+            if kind.get(user) == "view":
+                todo.append(user)
+            elif user in step_of and kind.get(user) not in ("pointwise", "reduction"):
+                found.append(user)
+    return found
+
+
+def early_inlining(order: Order, costs: dict[str, NodeCost], outputs: set[fx.Node],
+                   inlined: set[fx.Node]) -> dict[fx.Node, frozenset[fx.Node]]:
+    """:func:`inlined_early` in each of the two graphs."""
+    forward = [n for n in order.steps if n in order.forward]
+    backward = [n for n in order.steps if n not in order.forward]
+    return {**inlined_early(forward, costs, outputs, inlined), **inlined_early(backward, costs, outputs, inlined)}
+
+
 def inline_body(node: fx.Node, bodies: dict[fx.Node, Inline]) -> Inline:
     """``node``'s body with its inlined operands' bodies folded in."""
     reads: set[fx.Node] = set()
@@ -124,3 +176,77 @@ def fusion_sets(order: Order, costs: dict[str, NodeCost], outputs: set[fx.Node],
     in_backward = inlined_values(backward, costs, outputs, cpu=cpu)
     anywhere = inlined_values(order.steps, costs, outputs, cpu=cpu)
     return in_forward | in_backward, anywhere & order.forward
+
+
+# Views that keep an element where it was (a contiguous buffer read as another shape): a kernel
+# reading a buffer through them reads it at the index it writes its output at.
+SAME_INDEX_VIEWS = frozenset({"view", "reshape", "_unsafe_view", "alias"})
+
+
+def reused_in_place(steps: list[fx.Node], values: dict[fx.Node, dict], costs: dict[str, NodeCost],
+                    inlined: set[fx.Node]) -> dict[fx.Node, fx.Node]:
+    """output -> the input buffer Inductor writes it into (``decide_inplace_update``): a pointwise
+    kernel whose output has the size and dtype of a buffer it reads, at the output's own index,
+    that no later step reads. With ``allow_buffer_reuse`` off this still happens, saved
+    activations the backward is handed included (donated buffers): a softmax backward writes its
+    result into the saved softmax output. Buffers a kernel reads through inlined values count."""
+    claimed: dict[fx.Node, fx.Node] = {}
+    taken: set[fx.Node] = set()
+    step_of = {n: i for i, n in enumerate(steps)}
+    for node in steps:
+        value = values.get(node)
+        if value is None or not value["bytes"] or costs[node.name].kind != "pointwise" or node in inlined:
+            continue
+        for read in same_index_reads(node, costs, inlined):
+            if read not in taken and can_take(read, node, values, step_of[node]):
+                claimed[node] = read
+                taken.add(read)
+                break
+    return claimed
+
+
+def same_index_reads(node: fx.Node, costs: dict[str, NodeCost], inlined: set[fx.Node]) -> list[fx.Node]:
+    """The buffers ``node``'s kernel reads only at the index it writes, through inlined values and
+    index-keeping views."""
+    same: list[fx.Node] = []
+    other: set[fx.Node] = set()
+    todo = [(arg, True) for arg in node.all_input_nodes]
+    while todo:
+        arg, aligned = todo.pop()
+        cost = costs.get(arg.name)
+        if cost is not None and cost.kind == "view":
+            todo += [(a, aligned and op_name(arg) in SAME_INDEX_VIEWS) for a in arg.all_input_nodes]
+        elif arg in inlined:
+            todo += [(a, aligned) for a in arg.all_input_nodes]
+        elif aligned and cost is not None and cost.kind not in ("getitem", "tuple", "input") \
+                and same_elements(arg, node):
+            same.append(arg)
+        else:
+            other.add(arg)
+    return [read for read in dict.fromkeys(same) if read not in other]
+
+
+def same_elements(read: fx.Node, node: fx.Node) -> bool:
+    a, b = read.meta.get("val"), node.meta.get("val")
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
+            and a.numel() == b.numel() and a.is_contiguous() and b.is_contiguous())
+
+
+def can_take(read: fx.Node, node: fx.Node, values: dict[fx.Node, dict], step: int) -> bool:
+    """Whether ``read``'s buffer is free for ``node`` to write into: the same bytes, read last at
+    ``step`` whatever the plan (a forward value the backward may need only from a backward writer)."""
+    value, writer = values.get(read), values[node]
+    if value is None or value["bytes"] != writer["bytes"] or value["produced"] >= step:
+        return False
+    if value.get("need_start") is None:
+        return value["last_use"] == step
+    return (writer["kind"] is not value["kind"] and value["need_end"] == step
+            and value["need_start"] < step and value["last_use"] < step)
+
+
+def end_before(value: dict, step: int) -> None:
+    """The buffer is the writer's from ``step`` on: it ends the step before."""
+    if value.get("need_start") is None:
+        value["last_use"] = step - 1
+    else:
+        value["need_end"] = step - 1

@@ -47,8 +47,11 @@ class Value:
       comes first; never before ``need_start``.
     - ``direct_need``: some backward node reads it (or an alias): it must be
       kept or recomputed.
-    - ``direct_start``: the first backward step that reads it (or an alias);
-      ``None`` when none does (then, for a ``direct_need`` value, ``need_start``).
+    - ``direct_start``: where a recomputation for the first backward step that reads it (or
+      an alias) counts: that step, or one before it, where the recomputed chain runs before
+      the reader's outputs exist (the FX builder's choice); ``None`` when none reads it (then,
+      for a ``direct_need`` value, ``need_start``). ``need_start`` and ``need_end`` count a
+      user's recomputation at the same step.
     - ``operands``: FORWARD operands that are not INPUTs; recomputing this
       value needs each of them kept or recomputed.
     - ``keep_operands``: operands that must be *kept* (not recomputed) when

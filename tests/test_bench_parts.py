@@ -197,7 +197,7 @@ def test_monotone_bench_judges_rows_from_the_highest_budget_down() -> None:
 def test_fused_order_bench_plans_without_the_rules_then_with_each(monkeypatch: pytest.MonkeyPatch) -> None:
     from bench import fused_order
     from remat.passes import torch_adapter as adapter
-    from remat.passes.torch_adapter.inductor_order import FusedAtLastPart, LocalHorizontalFusion
+    from remat.passes.torch_adapter.inductor_order import FusedAtLastPart, LocalFusion
 
     installed: list[tuple[list[object], object]] = []
 
@@ -213,8 +213,8 @@ def test_fused_order_bench_plans_without_the_rules_then_with_each(monkeypatch: p
     monkeypatch.setattr(fused_order, "build", lambda name, device, size: (None, ()))
     before = dict(adapter.INDUCTOR_SETTINGS)
     row = fused_order.compare("gpt")
-    assert adapter.INDUCTOR_SETTINGS == before and adapter.INDUCTOR_CHOICES is LocalHorizontalFusion
-    assert [choices for _, choices in installed] == [None, None, LocalHorizontalFusion]
+    assert adapter.INDUCTOR_SETTINGS == before and adapter.INDUCTOR_CHOICES is LocalFusion
+    assert [choices for _, choices in installed] == [None, None, LocalFusion]
     if fused_order.order_settings():  # a torch with the hook: off for the first plan, remat's pass after
         assert installed[0][0] == [None] and all(isinstance(s[0], FusedAtLastPart) for s, _ in installed[1:])
     assert fused_order.lowest_compiled(row["inductor_order"]) == 90 * 2**20

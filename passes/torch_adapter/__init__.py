@@ -56,7 +56,7 @@ from .profiler import (  # re-exported
     when_backward_returns,
 )
 from .traced import traced_real_tensors  # re-exported
-from .inductor_order import LocalHorizontalFusion, addmm_folded, can_unfold, fusion_choices, order_settings, unfold
+from .inductor_order import LocalFusion, addmm_folded, can_unfold, fusion_choices, order_settings, unfold
 from .inductor_program import (  # re-exported: the adapter is one namespace
     _PARTITIONED_OUTPUTS,
     allocation_granularity,
@@ -122,8 +122,8 @@ GraphHook = Callable[[fx.GraphModule, str], object]
 # kernel runs where its last part was (``inductor_order``), so no recompute runs
 # earlier than the plan put it.
 INDUCTOR_SETTINGS = {"allow_buffer_reuse": False, **order_settings()}
-# ... and no horizontal fusion delays a kernel's outputs past an extern kernel (``inductor_order``).
-INDUCTOR_CHOICES: type | None = LocalHorizontalFusion
+# ... and no fusion delays a kernel's outputs past an extern kernel (``inductor_order``).
+INDUCTOR_CHOICES: type | None = LocalFusion
 
 
 def compile_inductor(

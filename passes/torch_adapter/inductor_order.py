@@ -26,9 +26,9 @@ peaked 13 % above the plan). Where that holds more than it saves, remat keeps th
 (``unfold``: the add becomes ``prims.add``, the same kernel, which the pattern does not match);
 elsewhere its model places the matmul where Inductor will (``passes/problem.py``).
 
-``LocalHorizontalFusion`` keeps fusions from undoing the same order: no horizontal fusion spans
-an extern kernel, since the fused kernel (at its last part) would carry the earlier part's
-outputs past it. Installed through Inductor's out-of-tree choices hook, for remat's graphs only.
+``LocalFusion`` keeps fusions from undoing the same order: no fusion spans an extern
+kernel, since the fused kernel (at its last part) would carry the earlier part's outputs, or
+its computation and what it reads, past it. Installed through Inductor's out-of-tree choices hook, for remat's graphs only.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ try:
 except ImportError:  # a torch without out-of-tree fusion choices: Inductor's own
     InductorChoices = None
 
-__all__ = ["FusedAtLastPart", "LocalHorizontalFusion", "addmm_folded", "can_unfold", "fusion_choices",
+__all__ = ["FusedAtLastPart", "LocalFusion", "addmm_folded", "can_unfold", "fusion_choices",
            "has_fusion_choices", "order_settings", "unfold"]
 
 # torch 2.13 checks a scheduler pass against CustomSchedulerPass for its cache key; earlier
@@ -93,8 +93,8 @@ class FusedAtLastPart(_PASS_BASE):  # type: ignore[misc, valid-type]
         return order
 
     def uuid(self) -> str:
-        # the FX graph cache keys on this: it names LocalHorizontalFusion's rule too (".2")
-        return "remat.FusedAtLastPart.2"
+        # the FX graph cache keys on this: it names LocalFusion's rule too (".2")
+        return "remat.FusedAtLastPart.3"
 
 
 def _dependencies(node: Any) -> Iterator[Any]:
@@ -107,18 +107,27 @@ def order_settings() -> dict[str, Any]:
     return {_SETTING: FusedAtLastPart()} if hasattr(inductor_config, _SETTING) else {}
 
 
-class LocalHorizontalFusion(InductorChoices or object):  # type: ignore[misc]
-    """Inductor's fusion choices, except that a horizontal fusion (kernels that share reads,
-    neither reading the other's output) never spans an extern kernel (a matmul, a convolution,
-    attention) that lies between them in the FX order.
+class LocalFusion(InductorChoices or object):  # type: ignore[misc]
+    """Inductor's fusion choices, except that no fusion spans an extern kernel (a matmul, a
+    convolution, attention) that lies between its parts in the FX order.
 
     The fused kernel runs where its last part was, so such a fusion delays the earlier part's
     outputs past the extern kernel: on a Llama-style model (SwiGLU) Inductor fused the
     recomputed ``silu(gate) * up``, which the down projection's weight gradient reads, with the
     gate and up gradients computed after the matmul that makes the incoming gradient, so three
     hidden-size buffers were born together and the smallest-peak plan's program peaked 33 %
-    above the plan. Fusions of neighbours, and every vertical fusion, are Inductor's as before.
+    above the plan. A vertical fusion (one part reads the other's output) across an extern
+    kernel likewise moves the producer's computation past it, with every buffer it reads: the
+    Llama-style model's smallest feasible budget (2 layers, d=128, seq 256, CPU) was 3.4 %
+    lower with the rule on both kinds than on horizontal fusions alone. Fusions of neighbours
+    are Inductor's as before.
     """
+
+    @staticmethod
+    def can_fuse_vertical(scheduler: Any, node1: Any, node2: Any, shared_data_score: int) -> bool:
+        if _spans_extern_kernel(scheduler, node1, node2):
+            return False
+        return InductorChoices.can_fuse_vertical(scheduler, node1, node2, shared_data_score)
 
     @staticmethod
     def can_fuse_horizontal(scheduler: Any, node1: Any, node2: Any, shared_data_score: int) -> bool:
@@ -146,7 +155,7 @@ def _spans_extern_kernel(scheduler: Any, node1: Any, node2: Any) -> bool:
 
 
 def has_fusion_choices() -> bool:
-    """Whether this torch lets code outside it decide horizontal fusions."""
+    """Whether this torch lets code outside it decide fusions."""
     return InductorChoices is not None and hasattr(V, "set_choices_handler") \
         and hasattr(InductorChoices, "can_fuse_horizontal")
 

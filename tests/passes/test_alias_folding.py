@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from remat import solvers
-from remat.passes.problem import build_problem, fixed_order, storage_owner
+from remat.passes.problem import build_problem, fixed_order, recompute_gap, storage_owner
 from remat.passes.profile import storage_bytes
 from remat.solvers.problem import Kind
 
@@ -95,12 +95,14 @@ def test_forward_reads_of_a_view_keep_the_base(problem) -> None:
 
 def test_backward_reads_of_a_view_are_the_base_s_need(problem) -> None:
     """sin is never read by the backward itself: its view of a view is, at 11. cos: through
-    its split output at 12. exp: the backward unbinds it at 13, and reads an element at 18."""
+    its split output at 12. exp: the backward unbinds it at 13, and reads an element at 18. A
+    recomputation for a read counts at the step before it, never before the backward's first
+    step (11): cos's need starts at 11, exp's at 12."""
     values = problem.by_name()
     need = {n: (values[n].need_start, values[n].need_end, values[n].direct_need) for n in ("sin", "cos", "exp")}
-    assert need == {"sin": (11, 11, False), "cos": (12, 12, False), "exp": (13, 18, True)}
+    assert need == {"sin": (11, 11, False), "cos": (11, 12, False), "exp": (12, 18, True)}
     assert (values["view_1"].need_start, values["view_1"].need_end, values["view_1"].direct_need) == (11, 11, True)
-    assert (values["getitem_1"].need_start, values["getitem_1"].direct_need) == (12, True)
+    assert (values["getitem_1"].need_start, values["getitem_1"].direct_need) == (11, True)
 
 
 def test_store_all_keeps_the_bases_and_recomputes_the_views(problem) -> None:
@@ -128,5 +130,6 @@ def test_a_view_of_a_saved_value_in_real_graphs_is_counted_as_its_base() -> None
     assert values["alias_1"].bytes == 0
     relu = values["relu"]
     assert relu.bytes == storage_bytes(torch.empty(3, 8)) == 3 * 8 * F32
-    assert relu.need_start == step["mm_1"]  # its first direct read: the weight gradient
+    # its first direct read, the weight gradient; a recomputation for it counts the step before
+    assert relu.need_start == recompute_gap(order)(step["mm_1"]) == step["mm_1"] - 1
     assert relu.need_end == step["le"] > step["mm_1"]  # through the aliases, read later

@@ -207,3 +207,78 @@ def test_fusion_timelines(fused_pair) -> None:
     assert solvers.evaluate(fused, set()).timeline == (64, 64, 68, 136)
     assert solvers.evaluate(unfused, {"add"}).timeline == (128, 192, 196, 200)
     assert solvers.evaluate(unfused, set()).timeline == (128, 192, 132, 200)
+
+
+def softmax_joint(primals_1, primals_2, tangents_1):
+    """An explicit softmax into a matmul, and its backward as Inductor decomposes it. Steps:
+
+    0 e = exp(x)   1 s = sum(e)   2 p = e / s   3 o = p @ w (output)
+    4 wt = w.t()   5 gp = t @ wt   6 m = gp * p   7 ss = sum(m)   8 q = p * ss   9 gx = m - q
+    """
+    e = aten.exp(primals_1)
+    s = aten.sum(e, [-1], True)
+    p = aten.div(e, s)
+    o = aten.mm(p, primals_2)
+    gp = aten.mm(tangents_1, aten.t(primals_2))
+    m = aten.mul(gp, p)
+    ss = aten.sum(m, [-1], True)
+    gx = aten.sub(m, aten.mul(p, ss))
+    return [o, gx]
+
+
+@pytest.fixture(scope="module")
+def softmax_graph():
+    gm, info = traced_joint(softmax_joint, torch.randn(8, 8), torch.randn(8, 8), torch.randn(8, 8), num_fwd_outputs=1)
+    return gm, info, analytic_costs(gm.graph)
+
+
+def test_a_value_inlined_into_two_kernels_keeps_what_it_reads_until_the_last(softmax_graph) -> None:
+    """m = gp * p is inlined into the sum (step 7) and into gx (step 9): both kernels compute it
+    from gp and p, so gp is read at 9, not only at 6."""
+    gm, info, costs = softmax_graph
+    values = build_problem(gm.graph, info, costs, fusion=True).by_name()
+    assert [values[n].bytes for n in ("mul", "mul_1")] == [0, 0]  # m and q: inlined
+    assert values["mm_1"].last_use == 9
+
+
+def test_a_pointwise_output_takes_the_buffer_of_an_input_read_at_its_own_index(softmax_graph) -> None:
+    """gx is written into the saved softmax output p (Inductor's ``decide_inplace_update``: the
+    same size, read at gx's own index, no later reader), so p is the backward's until step 8
+    and gx allocates nothing new beside it. gp is read at the same index too, but p comes first
+    in gx's kernel and one buffer is taken once."""
+    gm, info, costs = softmax_graph
+    order = P.fixed_order(gm.graph, info)
+    problem = build_problem(gm.graph, info, costs, fusion=True)
+    values = problem.by_name()
+    inlined, _ = fusion.fusion_sets(order, costs, output_nodes(gm.graph), True)
+    fields = {n: {"kind": values[n.name].kind, "bytes": values[n.name].bytes, "produced": values[n.name].produced,
+                  "last_use": values[n.name].last_use, "need_start": None, "need_end": None}
+              for n in order.steps if n.name in values}
+    fields[next(n for n in order.steps if n.name == "div")].update(need_start=5, need_end=9)
+    taken = fusion.reused_in_place(order.steps, fields, costs, inlined)
+    # and in the forward p is written into e, whose last reader it is
+    assert {n.name: read.name for n, read in taken.items()} == {"sub": "div", "div": "exp"}
+    assert values["div"].need_end == 8
+    top = solvers.evaluate(problem, {"div"}).timeline
+    assert top[9] == top[8]  # gx takes p's bytes: nothing rises where it is written
+
+
+def matmul_after_a_sum(primals_1, tangents_1):
+    """A pointwise value read by a reduction (step 2) and, through a view, by a matmul (step 4):
+    Inductor realizes it only when the matmul lowers, so the sum computes it from its inputs."""
+    a = aten.mul(tangents_1, primals_1)
+    b = aten.add(a, primals_1)
+    s = aten.sum(b, [0])
+    v = aten.view(b, [8, 8])
+    return [aten.mm(v, primals_1), s]
+
+
+def test_a_reduction_lowered_before_the_extern_reader_computes_the_value_inline() -> None:
+    gm = make_fx(matmul_after_a_sum, tracing_mode="fake")(torch.randn(8, 8), torch.randn(8, 8))
+    steps = [n for n in gm.graph.nodes if n.op == "call_function"]
+    costs = analytic_costs(gm.graph)
+    outputs = output_nodes(gm.graph)
+    inlined = inlined_values(steps, costs, outputs, cpu=True)
+    early = fusion.inlined_early(steps, costs, outputs, inlined)
+    assert {n.name: sorted(r.name for r in reads) for n, reads in early.items()} == {
+        "sum_1": ["primals_1_1", "tangents_1_1"]}

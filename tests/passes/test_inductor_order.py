@@ -10,7 +10,7 @@ import torch
 from remat.passes import torch_adapter as adapter
 from remat.passes.torch_adapter.inductor_order import (
     FusedAtLastPart,
-    LocalHorizontalFusion,
+    LocalFusion,
     _spans_extern_kernel,
     fusion_choices,
     has_fusion_choices,
@@ -138,14 +138,23 @@ def test_a_horizontal_fusion_may_not_span_an_extern_kernel() -> None:
     assert not _spans_extern_kernel(Scheduler([Kernel(1, 1), Kernel(4, 4)]), Kernel(1, 1), Kernel(4, 4))
 
 
+def test_neither_kind_of_fusion_may_span_an_extern_kernel() -> None:
+    if not has_fusion_choices():
+        pytest.skip("this torch has no out-of-tree fusion choices")
+    h, mm, dg = Kernel(3, 3), Kernel(5, 5, extern=True), Kernel(7, 7)
+    scheduler = Scheduler([Kernel(0, 0), h, mm, dg])
+    assert not LocalFusion.can_fuse_vertical(scheduler, h, dg, 0)  # dg reads h: h would run after mm
+    assert not LocalFusion.can_fuse_horizontal(scheduler, h, dg, 0)
+
+
 def test_the_rule_is_installed_only_inside_the_block() -> None:
     from torch._inductor.virtualized import V
 
     if not has_fusion_choices():
         pytest.skip("this torch has no out-of-tree fusion choices")
     before = type(V.choices)
-    with fusion_choices(LocalHorizontalFusion):
-        assert isinstance(V.choices, LocalHorizontalFusion)
+    with fusion_choices(LocalFusion):
+        assert isinstance(V.choices, LocalFusion)
     assert type(V.choices) is before
     with fusion_choices(None):
         assert type(V.choices) is before
@@ -158,13 +167,13 @@ def test_remat_decides_fusions_with_the_rule_and_torch_alone_without(monkeypatch
     if not has_fusion_choices():
         pytest.skip("this torch has no out-of-tree fusion choices")
     asked = []
-    original = LocalHorizontalFusion.can_fuse_horizontal
+    original = LocalFusion.can_fuse_horizontal
 
     def counted(scheduler: object, node1: object, node2: object, score: int) -> bool:
         asked.append(1)
         return original(scheduler, node1, node2, score)
 
-    monkeypatch.setattr(LocalHorizontalFusion, "can_fuse_horizontal", staticmethod(counted))
+    monkeypatch.setattr(LocalFusion, "can_fuse_horizontal", staticmethod(counted))
     model, inputs = build("llama", layers=1, d_model=32, heads=2, seq=16, vocab=64, batch=2)
     torch._dynamo.reset()
     # caches off: a hit would decide no fusions at all

@@ -48,25 +48,27 @@ def test_need_intervals_by_hand(graph) -> None:
     - d (mul): read at 5 only, no needed users: [5, 5].
     - c (exp): read at 6 and 7; its user d may be recomputed at 5: [5, 7].
     - b (cos): never read by the backward; needed only to recompute c, which is needed from
-      5 on (for d) and is recomputed at its first read, 6, at the latest: [5, 6].
+      5 on (for d) and is recomputed for its first read, 6, at the latest; a recomputation
+      counts at the step before its read (never before the backward's first step, 5): [5, 5].
     - a (sin): read at 7; b and d may need it from 5 on: [5, 7].
     - e (neg): a forward output the backward never reads: no interval.
     """
     gm, info = graph
     first, last = need_intervals(fixed_order(gm.graph, info))
     assert {n.name: s for n, s in first.items()} == {"mul": 5, "exp": 5, "cos": 5, "sin": 5}
-    assert {n.name: s for n, s in last.items()} == {"mul": 5, "exp": 7, "cos": 6, "sin": 7}
+    assert {n.name: s for n, s in last.items()} == {"mul": 5, "exp": 7, "cos": 5, "sin": 7}
 
 
 def test_problem_fields_by_hand(graph) -> None:
     """The Problem's forward values: bytes (a 4x4 float32 is 64 B), need interval, the first
-    direct backward read, the last forward read (outputs live to the last step, 7), operands."""
+    direct backward read (counted where its recomputation would count: the step before the
+    read, never before 5), the last forward read (outputs live to the last step, 7), operands."""
     gm, info = graph
     values = build_problem(gm.graph, info, analytic_costs(gm.graph)).by_name()
     expected = {  # name: (need_start, need_end, direct_need, direct_start, last_use, operands)
-        "sin": (5, 7, True, 7, 3, ()),
-        "cos": (5, 6, False, None, 2, ("sin",)),
-        "exp": (5, 7, True, 6, 3, ("cos",)),
+        "sin": (5, 7, True, 6, 3, ()),
+        "cos": (5, 5, False, None, 2, ("sin",)),
+        "exp": (5, 7, True, 5, 3, ("cos",)),
         "mul": (5, 5, True, 5, 7, ("exp", "sin")),
         "neg": (None, None, False, None, 7, ()),
     }
