@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.fx as fx
 
+from remat.solvers.problem import Kind
+
 from . import torch_adapter as adapter
 from .profile import NodeCost, multi_output_parent
 
@@ -198,7 +200,7 @@ def reused_in_place(steps: list[fx.Node], values: dict[fx.Node, dict], costs: di
         if value is None or not value["bytes"] or costs[node.name].kind != "pointwise" or node in inlined:
             continue
         for read in same_index_reads(node, costs, inlined):
-            if read not in taken and can_take(read, node, values, step_of[node]):
+            if read not in taken and can_take(read, node, values, step_of[node], costs):
                 claimed[node] = read
                 taken.add(read)
                 break
@@ -232,7 +234,8 @@ def same_elements(read: fx.Node, node: fx.Node) -> bool:
             and a.numel() == b.numel() and a.is_contiguous() and b.is_contiguous())
 
 
-def can_take(read: fx.Node, node: fx.Node, values: dict[fx.Node, dict], step: int) -> bool:
+def can_take(read: fx.Node, node: fx.Node, values: dict[fx.Node, dict], step: int,
+             costs: dict[str, NodeCost]) -> bool:
     """Whether ``read``'s buffer is free for ``node`` to write into: the same bytes, read last at
     ``step`` whatever the plan (a forward value the backward may need only from a backward writer)."""
     value, writer = values.get(read), values[node]
@@ -241,7 +244,26 @@ def can_take(read: fx.Node, node: fx.Node, values: dict[fx.Node, dict], step: in
     if value.get("need_start") is None:
         return value["last_use"] == step
     return (writer["kind"] is not value["kind"] and value["need_end"] == step
-            and value["need_start"] < step and value["last_use"] < step)
+            and value["need_start"] < step and value["last_use"] < step
+            and not recomputed_after(read, values, step, costs))
+
+
+def recomputed_after(read: fx.Node, values: dict[fx.Node, dict], step: int, costs: dict[str, NodeCost]) -> bool:
+    """Whether a forward reader of ``read`` (through views) may be recomputed at ``step`` or
+    later: a recomputation for the op after ``step`` counts at ``step`` and runs after its
+    writer, so the buffer is not free there. (A reader read directly at ``step`` is recomputed
+    before the writer; it counts too: an over-count of one buffer at most.)"""
+    todo = list(read.users)
+    while todo:
+        user = todo.pop()
+        value = values.get(user)
+        if value is None or value["kind"] is not Kind.FORWARD:
+            continue
+        if costs[user.name].kind == "view":
+            todo += user.users  # its readers read the buffer
+        elif value.get("need_end") is not None and value["need_end"] >= step:
+            return True
+    return False
 
 
 def end_before(value: dict, step: int) -> None:

@@ -226,17 +226,23 @@ def _digest(data: Any) -> str:
 def remat_version() -> str:
     """The version plus a hash of the sources a plan depends on (these passes and the
     solvers): an edited checkout plans anew."""
-    import remat.solvers
-
     try:
         version = importlib.metadata.version("remat")
     except importlib.metadata.PackageNotFoundError:  # run from a source tree
         version = "unknown"
     digest = hashlib.sha256()
-    for folder in (Path(__file__).parent, Path(remat.solvers.__file__).parent):
-        for path in sorted(folder.glob("*.py")):
-            digest.update(path.read_bytes())
+    for path in plan_sources():
+        digest.update(path.read_bytes())
     return f"{version}+{digest.hexdigest()[:12]}"
+
+
+def plan_sources() -> list[Path]:
+    """Every source of these passes (the torch adapter's fusion rules and program account
+    included) and of the solvers."""
+    import remat.solvers
+
+    folders = (Path(__file__).parent, Path(remat.solvers.__file__).parent)
+    return [path for folder in folders for path in sorted(folder.rglob("*.py"))]
 
 
 def graph_device(graph: fx.Graph) -> str:

@@ -243,3 +243,13 @@ def test_a_program_from_inductors_cache_without_a_stored_account_is_generated_ag
     # Inductor's program found, then generated for the same plan: one solve per plan compiled
     assert counts["hit"] >= 1 and len(calls) == again.compile_attempts
     assert again.compiled_peak_bytes == first.compiled_peak_bytes
+
+
+def test_the_version_covers_the_torch_adapter() -> None:
+    """Inductor's fusion rules and the program account live in the adapter package: a plan
+    stored before they changed is another version's."""
+    from remat.passes.torch_adapter import inductor_order
+
+    sources = {path.resolve() for path in plan_cache.plan_sources()}
+    assert pathlib.Path(inductor_order.__file__).resolve() in sources
+    assert pathlib.Path(plan_cache.__file__).resolve() in sources
