@@ -10,6 +10,7 @@ a value (a multi-output op's, for its elements).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -125,9 +126,8 @@ def view_consumers(node: fx.Node, kind: dict, step_of: dict) -> list[fx.Node]:
 def early_inlining(order: Order, costs: dict[str, NodeCost], outputs: set[fx.Node],
                    inlined: set[fx.Node]) -> dict[fx.Node, frozenset[fx.Node]]:
     """:func:`inlined_early` in each of the two graphs."""
-    forward = [n for n in order.steps if n in order.forward]
-    backward = [n for n in order.steps if n not in order.forward]
-    return {**inlined_early(forward, costs, outputs, inlined), **inlined_early(backward, costs, outputs, inlined)}
+    return {**inlined_early(order.forward_steps, costs, outputs, inlined),
+            **inlined_early(order.backward_steps, costs, outputs, inlined)}
 
 
 def inline_body(node: fx.Node, bodies: dict[fx.Node, Inline]) -> Inline:
@@ -168,8 +168,7 @@ def apply_fusion(node: fx.Node, field: dict, inlined: set[fx.Node], inlined_anyw
 def fusion_sets(order: Order, costs: dict[str, NodeCost], outputs: set[fx.Node],
                 cpu: bool) -> tuple[set[fx.Node], set[fx.Node]]:
     """(values inlined within their own graph, forward values inlined wherever they are recomputed)."""
-    forward = [n for n in order.steps if n in order.forward]
-    backward = [n for n in order.steps if n not in order.forward]
+    forward, backward = order.forward_steps, order.backward_steps
     # a forward value the backward reads is a graph output unless recomputed there: judge
     # its forward readers only, as the plan decides whether it crosses
     fwd_outputs = {n for n in outputs if n in order.forward}
@@ -264,6 +263,35 @@ def recomputed_after(read: fx.Node, values: dict[fx.Node, dict], step: int, cost
         elif value.get("need_end") is not None and value["need_end"] >= step:
             return True
     return False
+
+
+def read_where_inlined(values: dict[fx.Node, dict], inlined: set[fx.Node],
+                       early: dict[fx.Node, frozenset[fx.Node]]) -> None:
+    """A value Inductor inlines is computed inside each reader's kernel, so what it reads is
+    read there: alive until the inlined value's last reader, not only until its own step. On a
+    softmax backward (``mul = grad * out``, inlined into its sum and into ``fma``) the scores'
+    gradient and the saved softmax output live until ``fma`` is written. ``early``: readers
+    that compute a realized value inline (``fusion.inlined_early``), with the buffers that
+    takes. Latest first, so a chain of inlined values carries its last reader's step back to
+    the buffers its first one reads."""
+    readers = {n for n in (*inlined, *early) if n in values}
+    for node in sorted(readers, key=lambda n: values[n]["produced"], reverse=True):
+        reader = values[node]
+        end = reader["last_use"] if node in inlined else reader["produced"]
+        reads = (node.all_input_nodes if node in inlined else ()), early.get(node, ())
+        for arg in (arg for group in reads for arg in group):
+            value = values.get(arg)
+            if value is None:  # a graph input: alive throughout
+                continue
+            if reader["kind"] is Kind.BACKWARD and value["kind"] is Kind.FORWARD:
+                widen_need(value, reader["produced"], end)
+            elif reader["kind"] is value["kind"]:
+                value["last_use"] = max(value["last_use"], end)
+
+
+def widen_need(base: dict, start: int, end: int) -> None:
+    base["need_start"] = min(start, base["need_start"] if base.get("need_start") is not None else math.inf)
+    base["need_end"] = max(end, base.get("need_end") or 0)
 
 
 def end_before(value: dict, step: int) -> None:

@@ -9,9 +9,9 @@ forward values the backward reads.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.fx as fx
@@ -19,7 +19,8 @@ import torch.fx as fx
 from remat.solvers.problem import Kind, Problem, Value
 
 from . import torch_adapter as adapter
-from .fusion import apply_fusion, early_inlining, end_before, fusion_sets, produced_at, reused_in_place
+from .fusion import (apply_fusion, early_inlining, end_before, fusion_sets, produced_at, read_where_inlined,
+                     reused_in_place, widen_need)
 from .profile import DevicePeaks, NodeCost, device_of, multi_output_parent
 from .policies import Pin, Policy, Verdict, with_safety
 from .taxonomy import CATEGORY, classify, repeated_blocks
@@ -44,6 +45,14 @@ class Order:
     @property
     def last(self) -> int:
         return len(self.steps) - 1
+
+    @cached_property
+    def forward_steps(self) -> list[fx.Node]:
+        return [n for n in self.steps if n in self.forward]
+
+    @cached_property
+    def backward_steps(self) -> list[fx.Node]:
+        return [n for n in self.steps if n not in self.forward]
 
 
 def fixed_order(graph: fx.Graph, node_info: adapter.NodeInfo, *, inductor: bool = False) -> Order:
@@ -178,34 +187,32 @@ def need_intervals(order: Order) -> tuple[dict[fx.Node, int], dict[fx.Node, int]
     user w may be recomputed: ``first[v]`` is the earliest of these over
     every chain of users (the plan's actual start, ``solvers.model.exact_starts``,
     is never earlier); ``last[v]`` bounds the latest step it is read. A recomputation
-    counts at the step before its reader (``recompute_gap``), so an operand read only to
+    counts at the step before its reader (``recompute_step``), so an operand read only to
     recompute a user is not counted at the step that reads the user.
     """
     first: dict[fx.Node, int] = {}
     last: dict[fx.Node, int] = {}
     latest_start: dict[fx.Node, int] = {}  # the latest a recomputation of v can happen
-    gap = recompute_gap(order)
-    for node in reversed([n for n in order.steps if n in order.forward]):
+    for node in reversed(order.forward_steps):
         direct = uses(node, order, forward=False)
         users = [u for u in node.users if u in first]
-        starts = [gap(min(direct))] if direct else []
+        starts = [recompute_step(order, min(direct))] if direct else []
         starts += [first[u] for u in users]
         if not starts:
             continue
         first[node] = min(starts)
-        latest_start[node] = gap(min(direct)) if direct else max(latest_start[u] for u in users)
+        latest_start[node] = starts[0] if direct else max(latest_start[u] for u in users)
         last[node] = max(direct + [latest_start[u] for u in users])
     return first, last
 
 
-def recompute_gap(order: Order) -> Callable[[int], int]:
+def recompute_step(order: Order, step: int) -> int:
     """The step a recomputation for a backward reader at ``step`` counts at: the one before.
     The partitioner places a recomputed chain just before its first reader, so its
     intermediates are freed before that reader's outputs are allocated; counted at the reader's
     own step, a block's recomputed chain sat beside the outputs of the attention backward that
     reads its end. Never before the backward's first step: the backward graph begins there."""
-    begin = sum(1 for n in order.steps if n in order.forward)
-    return lambda step: max(step - 1, begin)
+    return max(step - 1, len(order.forward_steps))
 
 
 def fold_aliases(values: dict[fx.Node, dict], owners: dict[fx.Node, fx.Node]) -> None:
@@ -220,35 +227,6 @@ def fold_aliases(values: dict[fx.Node, dict], owners: dict[fx.Node, fx.Node]) ->
             widen_need(base, alias["produced"], alias["last_use"])
         elif alias.get("need_end") is not None:
             widen_need(base, alias["need_start"], alias["need_end"])
-
-
-def read_where_inlined(values: dict[fx.Node, dict], inlined: set[fx.Node],
-                       early: dict[fx.Node, frozenset[fx.Node]]) -> None:
-    """A value Inductor inlines is computed inside each reader's kernel, so what it reads is
-    read there: alive until the inlined value's last reader, not only until its own step. On a
-    softmax backward (``mul = grad * out``, inlined into its sum and into ``fma``) the scores'
-    gradient and the saved softmax output live until ``fma`` is written. ``early``: readers
-    that compute a realized value inline (``fusion.inlined_early``), with the buffers that
-    takes. Latest first, so a chain of inlined values carries its last reader's step back to
-    the buffers its first one reads."""
-    readers = {n for n in (*inlined, *early) if n in values}
-    for node in sorted(readers, key=lambda n: values[n]["produced"], reverse=True):
-        reader = values[node]
-        end = reader["last_use"] if node in inlined else reader["produced"]
-        reads = (node.all_input_nodes if node in inlined else ()), early.get(node, ())
-        for arg in (arg for group in reads for arg in group):
-            value = values.get(arg)
-            if value is None:  # a graph input: alive throughout
-                continue
-            if reader["kind"] is Kind.BACKWARD and value["kind"] is Kind.FORWARD:
-                widen_need(value, reader["produced"], end)
-            elif reader["kind"] is value["kind"]:
-                value["last_use"] = max(value["last_use"], end)
-
-
-def widen_need(base: dict, start: int, end: int) -> None:
-    base["need_start"] = min(start, base["need_start"] if base.get("need_start") is not None else math.inf)
-    base["need_end"] = max(end, base.get("need_end") or 0)
 
 
 def verdict_of(node: fx.Node, policy: Policy, costs: dict[str, NodeCost]) -> Verdict | None:
@@ -318,6 +296,7 @@ def forward_fields(node: fx.Node, costs: dict[str, NodeCost], order: Order, outp
     cost = costs[node.name]
     verdict = verdict_of(node, policy, costs)
     fwd_uses = uses(node, order, forward=True)
+    bwd_uses = uses(node, order, forward=False)
     step = order.step_of[node]
     last_use = order.last if node in outputs else max(fwd_uses, default=step)
     first, last = need
@@ -326,20 +305,14 @@ def forward_fields(node: fx.Node, costs: dict[str, NodeCost], order: Order, outp
         "last_use": last_use,
         "need_start": first.get(node),
         "need_end": last.get(node),
-        "direct_need": bool(uses(node, order, forward=False)),
-        "direct_start": recompute_start(node, order),
+        "direct_need": bool(bwd_uses),
+        "direct_start": recompute_step(order, min(bwd_uses)) if bwd_uses else None,
         # sizes (SymInt nodes of a dynamic-shape graph) are handed to the backward for free
         "operands": tuple(a.name for a in node.all_input_nodes if a in order.forward and holds_tensors(a)),
         "recompute_ban": verdict.reason if verdict is not None and verdict.pin is Pin.MUST_SAVE else None,
         "savable": is_tensor(node) and cost.kind != "view"
         and not (verdict is not None and verdict.pin is Pin.MUST_RECOMPUTE),
     }
-
-
-def recompute_start(node: fx.Node, order: Order) -> int | None:
-    """Where a recomputation of ``node`` for its first backward reader counts (``recompute_gap``)."""
-    reads = uses(node, order, forward=False)
-    return recompute_gap(order)(min(reads)) if reads else None
 
 
 def backward_fields(node: fx.Node, order: Order, outputs: set[fx.Node]) -> dict:
@@ -394,7 +367,7 @@ def build_problem(graph: fx.Graph, node_info: adapter.NodeInfo, costs: dict[str,
         fields[node] = {**base, **extra}
     ban_reading_written_inputs(fields, adapter.mutated_inputs(graph), costs)
     owners = {n: storage_owner(n, costs, by_name) for n in fields}
-    if fusion:
+    if fusion:  # before the aliases fold: what inlined kernels read through a view is its base's
         inlined, anywhere = fusion_sets(order, costs, outputs, device_of(graph).type == "cpu")
         read_where_inlined(fields, inlined, early_inlining(order, costs, outputs, inlined))
     fold_aliases(fields, owners)

@@ -92,7 +92,7 @@ def _need_intervals(
 ) -> dict[str, tuple[int, int]]:
     """need_start/need_end as the FX problem builder derives them, except that a recomputation
     counts at the step of the read it is for, where the FX builder counts it at the step before
-    (``passes.problem.recompute_gap``); the memory model takes either as given.
+    (``passes.problem.recompute_step``); the memory model takes either as given.
 
     A value may be needed at its direct backward reads and wherever a
     forward user may be recomputed: ``need_start`` is the earliest of these

@@ -28,7 +28,8 @@ elsewhere its model places the matmul where Inductor will (``passes/problem.py``
 
 ``LocalFusion`` keeps fusions from undoing the same order: no fusion spans an extern
 kernel, since the fused kernel (at its last part) would carry the earlier part's outputs, or
-its computation and what it reads, past it. Installed through Inductor's out-of-tree choices hook, for remat's graphs only.
+its computation and what it reads, past it. Installed through Inductor's out-of-tree choices
+hook, for remat's graphs only.
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ class FusedAtLastPart(_PASS_BASE):  # type: ignore[misc, valid-type]
         return order
 
     def uuid(self) -> str:
-        # the FX graph cache keys on this: it names LocalFusion's rule too (".2")
+        # the FX graph cache keys on this: it names LocalFusion's rule too (".2" horizontal
+        # fusions, ".3" vertical ones as well)
         return "remat.FusedAtLastPart.3"
 
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from remat import solvers
-from remat.passes.problem import build_problem, fixed_order, recompute_gap, storage_owner
+from remat.passes.problem import build_problem, fixed_order, recompute_step, storage_owner
 from remat.passes.profile import storage_bytes
 from remat.solvers.problem import Kind
 
@@ -131,5 +131,5 @@ def test_a_view_of_a_saved_value_in_real_graphs_is_counted_as_its_base() -> None
     relu = values["relu"]
     assert relu.bytes == storage_bytes(torch.empty(3, 8)) == 3 * 8 * F32
     # its first direct read, the weight gradient; a recomputation for it counts the step before
-    assert relu.need_start == recompute_gap(order)(step["mm_1"]) == step["mm_1"] - 1
+    assert relu.need_start == recompute_step(order, step["mm_1"]) == step["mm_1"] - 1
     assert relu.need_end == step["le"] > step["mm_1"]  # through the aliases, read later
