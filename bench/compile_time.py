@@ -3,6 +3,7 @@
     python -m bench.compile_time                           # demo, gpt-2, gpt-12, gpt-48
     python -m bench.compile_time --models demo gpt-12 --repeats 3
     python -m bench.compile_time --models gpt-2 --out smoke-results
+    python -m bench.compile_time --models hf-llama hf-t5   # any bench model, at python -m bench's CPU size
     python -m bench --compile-time                         # the same, from the bench entry point
 
 Per model and compiler (``torch.compile(model)`` with default options,
@@ -42,7 +43,6 @@ import torch
 import remat
 from remat.demo import CPU_SIZE
 from remat.errors import GIB
-from remat.zoo import build
 
 GPT_SIZE = {"d_model": 256, "heads": 8, "seq": 256, "vocab": 1024, "batch": 2}
 DEPTHS = (2, 12, 48)
@@ -59,14 +59,27 @@ Outcome = dict[str, Any]  # {"status": "ok"|"timeout"|"error", "seconds": float|
 
 # ---- models and budgets (parent process) ----
 
-def model_size(name: str) -> dict[str, Any]:
-    """``demo``: remat.demo's CPU model; ``gpt-L``: the GPT-style model with L layers."""
+def model_size(name: str) -> tuple[str, dict[str, Any]]:
+    """The model to build and its size: ``demo``, remat.demo's CPU model; ``gpt-L``, the GPT-style
+    model with L layers; any other bench model (``hf-t5``, ``llama``, ...) at ``python -m bench``'s
+    CPU size."""
+    from bench.__main__ import SIZES  # here: bench's entry point imports this module
+
     if name == "demo":
-        return dict(CPU_SIZE)
+        return "gpt", dict(CPU_SIZE)
     prefix, _, layers = name.partition("-")
-    if prefix != "gpt" or not layers.isdigit():
-        raise ValueError(f"unknown model {name!r}: 'demo' or 'gpt-<layers>'")
-    return {"layers": int(layers), **GPT_SIZE}
+    if prefix == "gpt" and layers.isdigit():
+        return "gpt", {"layers": int(layers), **GPT_SIZE}
+    if name in SIZES["cpu"]:
+        return name, dict(SIZES["cpu"][name])
+    raise ValueError(f"unknown model {name!r}: 'demo', 'gpt-<layers>' or one of {sorted(SIZES['cpu'])}")
+
+
+def build_model(model: str, size: dict[str, Any]) -> tuple[torch.nn.Module, tuple]:
+    from bench.__main__ import build
+
+    torch.manual_seed(0)
+    return build(model, "cpu", size)
 
 
 def default_models(depths: list[int]) -> list[str]:
@@ -93,11 +106,10 @@ def scoped_env(values: dict[str, str]) -> Iterator[None]:
                 os.environ[name] = old
 
 
-def binding_budget_gb(size: dict[str, Any]) -> float:
+def binding_budget_gb(model_name: str, size: dict[str, Any]) -> float:
     """Half way between the smallest feasible budget and store-all, planned with no cache written."""
     with tempfile.TemporaryDirectory() as tmp, scoped_env(cache_env(pathlib.Path(tmp)) | {"REMAT_PLAN_CACHE": "off"}):
-        torch.manual_seed(0)
-        model, inputs = build("gpt", **size)
+        model, inputs = build_model(model_name, size)
         report = remat.plan(model, *inputs, compiler="eager")
         return report.budget_at(0.5) / GIB
 
@@ -106,8 +118,7 @@ def binding_budget_gb(size: dict[str, Any]) -> float:
 
 def first_step(spec: dict[str, Any]) -> dict[str, Any]:
     """Build, compile and time the first training step; the worker's JSON result."""
-    torch.manual_seed(0)
-    model, inputs = build("gpt", **spec["size"])
+    model, inputs = build_model(spec["model"], spec["size"])
     if spec["compiler"] == "torch":
         compiled = torch.compile(model)
     else:
@@ -257,7 +268,7 @@ def markdown(meta: dict, rows: list[dict]) -> str:
             f"({meta['threads']} torch threads); median of {meta['repeats']} repeat(s), timeout {meta['timeout_s']:g} s.\n\n"
             f"First training step in seconds, cold (every cache empty) and warm (a second process with the "
             f"first's caches). Ratio: remat / torch; targets: {targets}.\n\n{NOTE}\n\n"
-            f"{table(rows)}\nModels (float32, GPT-style) and remat's budget (half way between the smallest "
+            f"{table(rows)}\nModels (float32) and remat's budget (half way between the smallest "
             f"feasible and store-all):\n\n{sizes_list(rows)}")
 
 
@@ -272,13 +283,13 @@ def write(out: pathlib.Path, meta: dict, rows: list[dict]) -> pathlib.Path:
 # ---- driver ----
 
 def measure_model(name: str, args: argparse.Namespace) -> dict:
-    size = model_size(name)
-    budget_gb = binding_budget_gb(size)
+    model, size = model_size(name)
+    budget_gb = binding_budget_gb(model, size)
     print(f"{name}: budget {budget_gb:.4f} GiB", flush=True)
     outcomes: dict[str, dict[str, list[Outcome]]] = {c: {p: [] for p in PHASES} for c in COMPILERS}
     for _ in range(args.repeats):
         for compiler in COMPILERS:
-            spec = {"size": size, "compiler": compiler, "budget_gb": budget_gb if compiler == "remat" else None}
+            spec = {"model": model, "size": size, "compiler": compiler, "budget_gb": budget_gb if compiler == "remat" else None}
             for phase, outcome in cold_and_warm(spec, args.timeout).items():
                 outcomes[compiler][phase].append(outcome)
                 print(f"  {compiler} {phase}: {seconds_cell(outcome)} {outcome.get('plan_cache', '')}", flush=True)
@@ -288,7 +299,7 @@ def measure_model(name: str, args: argparse.Namespace) -> dict:
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.compile_time", description=__doc__.splitlines()[0])
-    p.add_argument("--models", nargs="+", default=None, help="demo and/or gpt-<layers> (default: demo and --layers)")
+    p.add_argument("--models", nargs="+", default=None, help="demo, gpt-<layers> or bench models (default: demo and --layers)")
     p.add_argument("--layers", type=int, nargs="+", default=list(DEPTHS), help="depths of the default gpt models")
     p.add_argument("--repeats", type=int, default=1, help="cold/warm runs per pair; the median is reported")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds before a worker is killed")

@@ -24,6 +24,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BACKENDS = ("highs", "cbc")
+# HiGHS runs its RINS and RENS sub-MIP heuristics at the root of every solve. Every solve here
+# starts from a valid plan (the seed), and on remat's programs they took most of the root's time
+# without finding a better one than the search did: the smallest-peak solve of a 2-layer GPT took
+# 7.5 s with them and 1.5 s without, and plans stayed the same within the MIP gap
+# (bench/results/2026-12-07-cpu-highs-sub-mip.md). An older HiGHS without these options ignores them.
+HIGHS_OPTIONS = {"mip_heuristic_run_rins": False, "mip_heuristic_run_rens": False}
 
 
 @dataclass(frozen=True)
@@ -122,7 +128,7 @@ def make_solver(
     )
     if config.backend == "highs":
         _swallow_highs_banner()
-        return WarmHiGHS(mip_start=mip_start, **options)
+        return WarmHiGHS(mip_start=mip_start, **options, **HIGHS_OPTIONS)
     if config.backend == "cbc":
         return pulp.COIN_CMD(path=_cbc_path(), warmStart=mip_start, **options)
     raise ValueError(f"unknown ILP backend {config.backend!r}; choose one of {BACKENDS}")

@@ -166,7 +166,10 @@ def test_compile_time_command_line_models_and_caches(tmp_path) -> None:
     assert (compile_time.command_line(["--models", "demo", "gpt-2", "--out", "my results"])
             == "python -m bench.compile_time --models demo gpt-2 --out 'my results'")
     assert compile_time.default_models([2, 12]) == ["demo", "gpt-2", "gpt-12"]
-    assert compile_time.model_size("gpt-12")["layers"] == 12
+    assert compile_time.model_size("gpt-12") == ("gpt", {"layers": 12, **compile_time.GPT_SIZE})
+    assert compile_time.model_size("demo")[0] == "gpt"
+    model, size = compile_time.model_size("hf-t5")  # a bench model at python -m bench's CPU size
+    assert model == "hf-t5" and size["layers"] == 2
     with pytest.raises(ValueError, match="unknown model"):
         compile_time.model_size("llama-2")
     env = compile_time.cache_env(tmp_path)

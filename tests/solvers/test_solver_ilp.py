@@ -21,7 +21,7 @@ from remat.solvers import (
     store_all,
 )
 from remat.solvers import ilp
-from remat.solvers.backends import Outcome
+from remat.solvers.backends import Outcome, run_backend
 from remat.solvers.model import rank_extra_bytes, start_segments
 from remat.solvers.simulate import evaluate
 from remat.solvers.testing import Node, brute_force, build_problem, random_problem
@@ -167,6 +167,19 @@ def test_highs_mip_start_echo_is_caught(
     problem = random_problem(seed, n_forward, n_backward)
     best = min(p.added_seconds for p in brute_force(problem) if p.peak_bytes <= budget)
     assert solve_ilp(problem, budget, config=EXACT).added_seconds == pytest.approx(best, rel=1e-6)
+
+
+def test_highs_runs_without_its_sub_mip_heuristics() -> None:
+    """RINS and RENS took most of a small graph's solve and found no better plan (backends.HIGHS_OPTIONS)."""
+    pulp = pytest.importorskip("pulp")
+    prob = pulp.LpProblem("tiny", pulp.LpMinimize)
+    x = pulp.LpVariable("x", cat="Binary")
+    prob += x
+    prob += x >= 0
+    assert run_backend(prob, ILPConfig()).status is Status.OPTIMAL
+    for option in ("mip_heuristic_run_rins", "mip_heuristic_run_rens"):
+        value = prob.solverModel.getOptionValue(option)
+        assert (value[1] if isinstance(value, tuple) else value) is False
 
 
 def test_solver_failure_returns_the_seed_loudly(
