@@ -41,6 +41,7 @@ from typing import Any, Iterator
 import torch
 
 import remat
+from bench.models import SIZES, build
 from remat.demo import CPU_SIZE
 from remat.errors import GIB
 
@@ -63,8 +64,6 @@ def model_size(name: str) -> tuple[str, dict[str, Any]]:
     """The model to build and its size: ``demo``, remat.demo's CPU model; ``gpt-L``, the GPT-style
     model with L layers; any other bench model (``hf-t5``, ``llama``, ...) at ``python -m bench``'s
     CPU size."""
-    from bench.__main__ import SIZES  # here: bench's entry point imports this module
-
     if name == "demo":
         return "gpt", dict(CPU_SIZE)
     prefix, _, layers = name.partition("-")
@@ -76,8 +75,6 @@ def model_size(name: str) -> tuple[str, dict[str, Any]]:
 
 
 def build_model(model: str, size: dict[str, Any]) -> tuple[torch.nn.Module, tuple]:
-    from bench.__main__ import build
-
     torch.manual_seed(0)
     return build(model, "cpu", size)
 

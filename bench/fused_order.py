@@ -24,7 +24,7 @@ from unittest import mock
 import torch
 
 import remat
-from bench.__main__ import SIZES, build
+from bench.models import SIZES, build
 from remat.errors import GIB
 from remat.passes import torch_adapter as adapter
 from remat.passes.torch_adapter.inductor_order import order_settings

@@ -230,7 +230,7 @@ def test_floor_bench_bound_is_below_every_plan_remat_accepts(tmp_path) -> None:
     """The proven floor of the plan space is at or below the min-peak plan it comes with and the
     smallest budget remat accepts (a bound above either would be a wrong proof), and the files say so."""
     from bench import floor
-    from bench.__main__ import SIZES
+    from bench.models import SIZES
 
     row = floor.floor_of("gpt", 20.0, size=SIZES["smoke"]["gpt"], compiler="eager")
     assert row["status"] == "optimal" and row["gap"] <= 1e-6
