@@ -184,7 +184,7 @@ def fusion_sets(order: Order, costs: dict[str, NodeCost], outputs: set[fx.Node],
 SAME_INDEX_VIEWS = frozenset({"view", "reshape", "_unsafe_view", "alias"})
 
 
-def reused_in_place(steps: list[fx.Node], values: dict[fx.Node, dict], costs: dict[str, NodeCost],
+def reused_in_place(order: Order, values: dict[fx.Node, dict], costs: dict[str, NodeCost],
                     inlined: set[fx.Node]) -> dict[fx.Node, fx.Node]:
     """output -> the input buffer Inductor writes it into (``decide_inplace_update``): a pointwise
     kernel whose output has the size and dtype of a buffer it reads, at the output's own index,
@@ -193,13 +193,12 @@ def reused_in_place(steps: list[fx.Node], values: dict[fx.Node, dict], costs: di
     result into the saved softmax output. Buffers a kernel reads through inlined values count."""
     claimed: dict[fx.Node, fx.Node] = {}
     taken: set[fx.Node] = set()
-    step_of = {n: i for i, n in enumerate(steps)}
-    for node in steps:
+    for node in order.steps:
         value = values.get(node)
         if value is None or not value["bytes"] or costs[node.name].kind != "pointwise" or node in inlined:
             continue
         for read in same_index_reads(node, costs, inlined):
-            if read not in taken and can_take(read, node, values, step_of[node], costs):
+            if read not in taken and can_take(read, node, values, order.step_of[node], costs):
                 claimed[node] = read
                 taken.add(read)
                 break

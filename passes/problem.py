@@ -196,12 +196,12 @@ def need_intervals(order: Order) -> tuple[dict[fx.Node, int], dict[fx.Node, int]
     for node in reversed(order.forward_steps):
         direct = uses(node, order, forward=False)
         users = [u for u in node.users if u in first]
-        starts = [recompute_step(order, min(direct))] if direct else []
-        starts += [first[u] for u in users]
+        direct_start = recompute_step(order, min(direct)) if direct else None
+        starts = ([direct_start] if direct else []) + [first[u] for u in users]
         if not starts:
             continue
         first[node] = min(starts)
-        latest_start[node] = starts[0] if direct else max(latest_start[u] for u in users)
+        latest_start[node] = direct_start if direct else max(latest_start[u] for u in users)
         last[node] = max(direct + [latest_start[u] for u in users])
     return first, last
 
@@ -374,7 +374,7 @@ def build_problem(graph: fx.Graph, node_info: adapter.NodeInfo, costs: dict[str,
     if fusion:
         for node in fields:
             apply_fusion(node, fields[node], inlined, anywhere, order)
-        for node, read in reused_in_place(order.steps, fields, costs, inlined).items():
+        for node, read in reused_in_place(order, fields, costs, inlined).items():
             end_before(fields[read], order.step_of[node])
     inputs = [placeholder_value(n, costs[n.name], order) for n in graph.find_nodes(op="placeholder") if n.name in costs]
     values = inputs + [Value(**f) for f in fields.values()]

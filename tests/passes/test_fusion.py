@@ -255,14 +255,14 @@ def test_a_pointwise_output_takes_the_buffer_of_an_input_read_at_its_own_index(s
                   "last_use": values[n.name].last_use, "need_start": None, "need_end": None}
               for n in order.steps if n.name in values}
     fields[next(n for n in order.steps if n.name == "div")].update(need_start=5, need_end=9)
-    taken = fusion.reused_in_place(order.steps, fields, costs, inlined)
+    taken = fusion.reused_in_place(order, fields, costs, inlined)
     # and in the forward p is written into e, whose last reader it is
     assert {n.name: read.name for n, read in taken.items()} == {"sub": "div", "div": "exp"}
     assert values["div"].need_end == 8
     # were o = p @ w recomputed for a reader after step 9, it would run after gx: p is not free,
     # and gx takes gp's buffer instead
     fields[next(n for n in order.steps if n.name == "mm")].update(need_start=5, need_end=9)
-    taken = fusion.reused_in_place(order.steps, fields, costs, inlined)
+    taken = fusion.reused_in_place(order, fields, costs, inlined)
     assert {n.name: read.name for n, read in taken.items()} == {"div": "exp", "sub": "mm_1"}
     top = solvers.evaluate(problem, {"div"}).timeline
     assert top[9] == top[8]  # gx takes p's bytes: nothing rises where it is written
