@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from remat.solvers.errors import BudgetError, format_bytes
-from remat.solvers.model import rank_extra_bytes
+from remat.solvers.model import outside_with_copies
 from remat.solvers.problem import Kind
 from remat.solvers.simulate import timeline
 from .fit import compiled_rank_peak
@@ -226,8 +226,8 @@ def outside_grown(plan: Any, scope: Any) -> int:
     if (scope.outside_bytes, scope.copies) == (plan.scope.outside_bytes, plan.scope.copies):
         return 0
     saved = plan.solution.saved
-    return (rank_extra_bytes(scope.applied(plan.problem), saved)
-            - rank_extra_bytes(plan.scope.applied(plan.problem), saved))
+    return (outside_with_copies(scope.applied(plan.problem), saved)
+            - outside_with_copies(plan.scope.applied(plan.problem), saved))
 
 
 def raised_by(plan: Any, eager: EagerParts, lowest_of: Callable[[Any], Any]) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 import torch.fx as fx
 
 from remat.solvers.errors import BudgetError, format_bytes
-from remat.solvers.model import rank_extra_bytes
+from remat.solvers.model import outside_with_copies
 from remat.solvers.plan import budget_error, min_budget_bytes
 from remat.solvers.solution import Solution
 
@@ -302,7 +302,7 @@ def compiled_rank_peak(plan: GraphPlan, program: ProgramAccount, eager: int, fre
     between its forward and backward, and ``saved`` kept (the plan's own by default). Outputs the
     eager code was measured to free (a loss outside the model drops the logits) are not held through
     the backward, which the program's own account does."""
-    extra = rank_extra_bytes(plan.problem, plan.solution.saved if saved is None else saved)
+    extra = outside_with_copies(plan.problem, plan.solution.saved if saved is None else saved)
     if freed is None:
         freed = plan.scope.eager_freed_bytes if plan.scope is not None else 0
     peak = program.peak_bytes

@@ -170,7 +170,8 @@ class Planner:
         if setting.scope is not None:  # every memory row is the rank's
             problem = setting.scope.applied(problem)
         elif setting.unread_state:  # every memory row holds the module's unread state
-            problem = replace(problem, outside_bytes=problem.outside_bytes + setting.unread_state)
+            problem = replace(problem, outside=(*problem.outside,
+                                                ("the module's state the graph does not read", setting.unread_state)))
         return problem, costs
 
     def lowest_of(self, problem: Problem) -> Lowest:

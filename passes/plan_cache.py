@@ -36,7 +36,7 @@ from .request import PlanRequest
 
 log = logging.getLogger(__name__)
 
-FORMAT = 9  # 9: plans solved near the shared plan say how many decisions were fixed; 8: matmuls Inductor folds into an add placed there, or kept apart; 7: no scratch for ops Inductor
+FORMAT = 10  # 10: a problem names the memory outside its graph; 9: plans solved near the shared plan say how many decisions were fixed; 8: matmuls Inductor folds into an add placed there, or kept apart; 7: no scratch for ops Inductor
 # generates code for, no horizontal fusion across an extern kernel
 OFF = ("0", "off", "false", "no", "")
 

@@ -12,8 +12,8 @@ L identical blocks runs its backward, the other L-1 blocks still hold their kept
 and their inputs, FSDP holds every local shard, the unsharded parameters of groups it does not
 reshard after forward (the root's), the next block's prefetched all-gather and a reduce-scatter
 input; DDP holds its gradient buckets. A :class:`RankScope` counts those bytes from FSDP2's own
-state and the module tree, and the problem carries them (``Problem.outside_bytes``,
-``Problem.kept_copies``), so every memory row of the program is the rank's, and so is the
+state and the module tree, and the problem carries them (``Problem.outside``, named parts,
+and ``Problem.kept_copies``), so every memory row of the program is the rank's, and so is the
 predicted peak. The eager code between compiled graphs (an FSDP2 model's embedding, head and loss
 when only its blocks are compiled) is reserved, measured on the first step and counted from then on
 (``eager_bytes``). Not counted: optimizer state (as on one GPU).
@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from remat.solvers.problem import Problem
+from remat.solvers.problem import Part, Problem
 
 from . import torch_adapter as adapter
 from .eager_window import EagerParts
@@ -89,8 +89,7 @@ class RankScope:
 
     @property
     def outside_bytes(self) -> int:
-        return (self.resident_bytes + self.comm_bytes + self.copy_input_bytes + self.eager_after_bytes
-                + self.graphs_bytes + self.other_state_bytes)
+        return sum(nbytes for _, nbytes in self.outside_parts())
 
     def with_eager(self, eager: EagerParts) -> RankScope:
         """This scope counting a measured eager window; in a single process also the forward calls that
@@ -101,11 +100,25 @@ class RankScope:
             return scope
         return replace(scope, copies=eager.copies, copy_input_bytes=eager.copies * self.input_bytes)
 
+    def outside_parts(self) -> tuple[Part, ...]:
+        """The memory outside the graph at every step, each part named as a report says it."""
+        resident = ("the model's state the graph does not read, and what tracing keeps for it" if self.process
+                    else f"{self.wrapper}'s parameter and gradient shards, unsharded parameters, buckets")
+        named = ((resident, self.resident_bytes), (f"{self.wrapper}'s communication buffers", self.comm_bytes),
+                 ("the inputs of other calls of this block", self.copy_input_bytes),
+                 ("what the eager code after the graph keeps through the backward (a loss)", self.eager_after_bytes),
+                 ("other graphs of the step, between their forward and backward", self.graphs_bytes),
+                 ("the state of other graphs run between forward and backward", self.other_state_bytes))
+        return tuple((what, nbytes) for what, nbytes in named if nbytes)
+
     def applied(self, problem: Problem) -> Problem:
         # the eager bytes live between the graph's forward and its backward only: one memory row (what
-        # they leave through the backward is in outside_bytes, alive at every row, that row included)
-        return replace(problem, outside_bytes=self.outside_bytes, kept_copies=self.copies,
-                       handoff_bytes=max(0, self.eager_bytes - self.eager_after_bytes))
+        # they leave through the backward is outside the graph, alive at every row, that row included)
+        handoff = max(0, self.eager_bytes - self.eager_after_bytes)
+        what = "the eager code between forward and backward (a head or loss outside the graph)" + (
+            ", reserved until measured" if self.eager_reserved else "")
+        return replace(problem, outside=self.outside_parts(), kept_copies=self.copies,
+                       handoff=((what, handoff),) if handoff else ())
 
     def key(self) -> dict[str, Any]:
         """What the plan cache keys on: a plan made for other outside memory is another plan. A process's

@@ -144,7 +144,7 @@ def fixed_diff(problem: Problem) -> list[int]:
 
 def handoff_step(problem: Problem) -> Interval | None:
     """The forward's last step: the graph holds there at least what it hands the backward, which
-    is alive while the rank's eager code (``handoff_bytes``) runs between forward and backward."""
+    is alive while the caller's code between forward and backward (``Problem.handoff``) runs."""
     last = problem.num_forward_steps - 1
     return (last, last) if last >= 0 else None
 
@@ -165,9 +165,9 @@ def copies_kept_bytes(problem: Problem, saved: Iterable[str]) -> int:
     return sum(copies_bytes(problem, by_name[name]) for name in saved)
 
 
-def rank_extra_bytes(problem: Problem, saved: Iterable[str]) -> int:
-    """What a plan's per-rank peak adds to its graph's own: ``outside_bytes`` and the other
-    copies' kept values (both alive at every step)."""
+def outside_with_copies(problem: Problem, saved: Iterable[str]) -> int:
+    """What a plan's peak adds to its graph's own at every step: the memory outside the graph
+    (``Problem.outside``) and the other copies' kept values."""
     return problem.outside_bytes + copies_kept_bytes(problem, saved)
 
 

@@ -323,9 +323,8 @@ def breakdown_at_peak(problem: Problem, solution: Solution) -> dict[str, int]:
     for value, why, nbytes in alive_at(problem, solution.saved, solution.recomputed, step):
         parts[category(value, why, step)] += nbytes
     parts["op workspace"] += step_workspace(problem, solution.recomputed, exact_starts(problem, solution.recomputed))[step]
-    parts["the rank's memory outside this graph (shards, communication buffers)"] += problem.outside_bytes
-    if handoff_step(problem) == (step, step):
-        parts["the eager head and loss between forward and backward"] += problem.handoff_bytes
+    for what, nbytes in (*problem.outside, *(problem.handoff if handoff_step(problem) == (step, step) else ())):
+        parts[what] += nbytes
     parts["other copies' kept activations"] += copies_kept_bytes(problem, solution.saved)
     return dict(sorted(((k, b) for k, b in parts.items() if b), key=lambda kv: -kv[1]))
 

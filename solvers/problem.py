@@ -115,6 +115,9 @@ class Value:
         return self.kind is Kind.FORWARD and self.need_start is not None
 
 
+Part = tuple[str, int]  # (what it is, bytes): memory the caller names
+
+
 @dataclass(frozen=True)
 class Problem:
     """A whole joint graph, ready for any solver.
@@ -122,18 +125,17 @@ class Problem:
     ``values`` are in production order. ``workspace[t]`` is the scratch
     memory of the op at step ``t``. ``step_names[t]`` names the node there.
 
-    Under a per-rank budget the graph is one part of what the rank holds:
+    The graph may be one part of what its caller holds (the passes fill these; the solvers add
+    them to every plan alike and never ask what they are):
 
-    - ``outside_bytes``: memory alive throughout the graph's step that no value
-      of it owns (FSDP's local shards and communication buffers, other copies'
-      inputs), added to every step;
-    - ``kept_copies``: how many other copies of this graph (identical blocks that
-      share its plan) hold their kept values through its whole step: each kept
-      value's bytes count that many more times at every step;
-    - ``handoff_bytes``: memory the rank's eager code allocates between the
-      forward's last step and the backward's first (a model's head and loss),
-      added at the forward's last step, where the graph holds what it hands the
-      backward.
+    - ``outside``: memory alive at every step that no value of the graph owns, as (what it
+      is, bytes) parts named by the caller;
+    - ``kept_copies``: how many other copies of this graph (identical blocks that share its
+      plan) hold their kept values through its whole step: each kept value's bytes count that
+      many more times at every step;
+    - ``handoff``: memory the caller allocates between the forward's last step and the
+      backward's first, as (what it is, bytes) parts, added at the forward's last step, where
+      the graph holds what it hands the backward.
     """
 
     values: tuple[Value, ...]
@@ -141,9 +143,9 @@ class Problem:
     num_steps: int
     workspace: tuple[int, ...] = ()
     step_names: tuple[str, ...] = ()
-    outside_bytes: int = 0
+    outside: tuple[Part, ...] = ()
     kept_copies: int = 0
-    handoff_bytes: int = 0
+    handoff: tuple[Part, ...] = ()
     meta: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -152,8 +154,18 @@ class Problem:
             raise ValueError("Problem: value names must be unique")
         if self.workspace and len(self.workspace) != self.num_steps:
             raise ValueError("Problem: workspace needs one entry per step")
-        if self.outside_bytes < 0 or self.kept_copies < 0 or self.handoff_bytes < 0:
-            raise ValueError("Problem: outside_bytes, kept_copies and handoff_bytes cannot be negative")
+        if self.kept_copies < 0 or any(b < 0 for _, b in (*self.outside, *self.handoff)):
+            raise ValueError("Problem: outside and handoff bytes and kept_copies cannot be negative")
+
+    @property
+    def outside_bytes(self) -> int:
+        """Memory alive at every step that no value of the graph owns."""
+        return sum(b for _, b in self.outside)
+
+    @property
+    def handoff_bytes(self) -> int:
+        """Memory allocated between the forward's last step and the backward's first."""
+        return sum(b for _, b in self.handoff)
 
     def by_name(self) -> dict[str, Value]:
         return {v.name: v for v in self.values}
@@ -184,8 +196,8 @@ def problem_to_dict(problem: Problem) -> dict:
     return {"values": [{**asdict(v), "kind": v.kind.value} for v in problem.values],
             "num_forward_steps": problem.num_forward_steps, "num_steps": problem.num_steps,
             "workspace": list(problem.workspace), "step_names": list(problem.step_names),
-            "outside_bytes": problem.outside_bytes, "kept_copies": problem.kept_copies,
-            "handoff_bytes": problem.handoff_bytes,
+            "outside": [list(p) for p in problem.outside], "kept_copies": problem.kept_copies,
+            "handoff": [list(p) for p in problem.handoff],
             "meta": {k: str(v) for k, v in problem.meta.items()}}
 
 
@@ -200,5 +212,10 @@ def problem_from_dict(data: dict) -> Problem:
         tuples = {k: tuple(row[k]) for k in ("operands", "keep_operands") if k in row}
         values.append(Value(**{**row, **tuples, "kind": Kind(row["kind"])}))
     return Problem(tuple(values), data["num_forward_steps"], data["num_steps"], tuple(data["workspace"]),
-                   tuple(data["step_names"]), data.get("outside_bytes", 0), data.get("kept_copies", 0),
-                   data.get("handoff_bytes", 0), dict(data.get("meta", {})))
+                   tuple(data["step_names"]), parts(data, "outside"), data.get("kept_copies", 0),
+                   parts(data, "handoff"), dict(data.get("meta", {})))
+
+
+
+def parts(data: dict, name: str) -> tuple[Part, ...]:
+    return tuple((str(what), int(nbytes)) for what, nbytes in data.get(name, ()))

@@ -144,7 +144,7 @@ def alive_at(problem: Problem, saved: Iterable[str], recomputed: Iterable[str],
              step: int) -> list[tuple[Value, str, int]]:
     """What the plan holds at ``step``: (value, why, bytes) for every value alive there, by the
     same intervals as :func:`timeline`, so their bytes plus the step's workspace sum to
-    ``timeline(...)[step]`` less ``rank_extra_bytes`` (the problem's ``outside_bytes`` and other
+    ``timeline(...)[step]`` less ``outside_with_copies`` (the problem's ``outside_bytes`` and other
     copies' kept values, which no value of this graph owns) and, at the forward's last step, the
     problem's ``handoff_bytes``. ``why``: "fixed" (alive whatever the
     plan), "kept" or "recomputed"."""

@@ -51,6 +51,19 @@ def test_a_scope_puts_its_bytes_in_the_problem() -> None:
     scoped = RankScope("FSDP2", copies=2, resident_bytes=10, comm_bytes=5, copy_input_bytes=4).applied(problem)
     assert (scoped.outside_bytes, scoped.kept_copies) == (19, 2)
     assert scoped.values == problem.values
+    named = dict(scoped.outside)
+    assert sum(named.values()) == 19 and any("FSDP2's communication" in what for what in named)
+
+
+def test_a_single_process_scope_names_its_parts_in_a_single_processs_words() -> None:
+    """What a BudgetError lists at the peak: no shards or ranks in a process's step."""
+    problem = random_problem(3, 12, 12)
+    scope = RankScope("process", resident_bytes=10, eager_bytes=30, eager_after_bytes=8, eager_reserved=True)
+    scoped = scope.applied(problem)
+    assert dict(scoped.outside) == {"the model's state the graph does not read, and what tracing keeps for it": 10,
+                                    "what the eager code after the graph keeps through the backward (a loss)": 8}
+    assert scoped.handoff_bytes == 22 and "reserved until measured" in scoped.handoff[0][0]
+    assert not any(word in what for what, _ in (*scoped.outside, *scoped.handoff) for word in ("shard", "rank"))
 
 
 def test_without_fsdp_or_ddp_the_budget_bounds_the_process_step_unless_graph_is_asked() -> None:

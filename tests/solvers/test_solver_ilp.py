@@ -22,7 +22,7 @@ from remat.solvers import (
 )
 from remat.solvers import ilp
 from remat.solvers.backends import Outcome, run_backend
-from remat.solvers.model import rank_extra_bytes, start_segments
+from remat.solvers.model import outside_with_copies, start_segments
 from remat.solvers.simulate import evaluate
 from remat.solvers.testing import Node, brute_force, build_problem, random_problem
 
@@ -308,12 +308,12 @@ def test_other_copies_and_outside_memory_enter_every_row(index: int) -> None:
     outside it): the simulator adds exactly that to every step, and the ILP still matches
     brute force over it."""
     alone = SMALL[index]
-    problem = replace(alone, outside_bytes=1000, kept_copies=2)
+    problem = replace(alone, outside=(("shards", 600), ("buffers", 400)), kept_copies=2)
     for plan in brute_force(alone)[:8]:
         extra = 1000 + 2 * sum(alone.by_name()[n].bytes for n in plan.saved)
         scoped = evaluate(problem, plan.saved)
         assert [a - b for a, b in zip(scoped.timeline, plan.timeline)] == [extra] * len(plan.timeline)
-        assert rank_extra_bytes(problem, plan.saved) == extra
+        assert outside_with_copies(problem, plan.saved) == extra
     peaks = assert_ilp_matches_brute_force(problem)
     with pytest.raises(Infeasible):
         solve_ilp(problem, peaks[0] - 1, config=EXACT)
@@ -325,7 +325,7 @@ def test_eager_handoff_bytes_enter_the_forwards_last_row_only(index: int) -> Non
     them at the forward's last step alone, and the ILP still matches brute force over it."""
     alone = SMALL[index]
     handoff = 1 + max(p.peak_bytes for p in brute_force(alone)[:8]) // 3
-    problem = replace(alone, handoff_bytes=handoff)
+    problem = replace(alone, handoff=(("head and loss", handoff),))
     last = alone.num_forward_steps - 1
     for plan in brute_force(alone)[:8]:
         shifted = evaluate(problem, plan.saved).timeline

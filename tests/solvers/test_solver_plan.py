@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from remat import solvers
@@ -65,6 +67,21 @@ def test_the_breakdown_names_recomputed_and_kept_values() -> None:
     assert plan.recomputed == {"b"} and plan.peak_bytes == 320
     parts = breakdown_at_peak(problem, plan)
     assert sum(parts.values()) == 320 and parts["kept activations"] == 100
+
+
+def test_the_breakdown_names_memory_outside_the_graph_as_its_caller_does() -> None:
+    """The solver adds the caller's parts (alive at every step, or at the hand-off between forward
+    and backward) under the caller's own names, and says nothing of what they are."""
+    problem = dataclasses.replace(branch_problem(), outside=(("shards", 7), ("buffers", 5)),
+                                  handoff=(("the loss", 1000),))
+    plan = solvers.evaluate(problem, {"a"})
+    parts = breakdown_at_peak(problem, plan)
+    assert sum(parts.values()) == plan.peak_bytes
+    assert parts["shards"] == 7 and parts["buffers"] == 5
+    # the hand-off (1000 B at the forward's last step) makes that step the peak
+    assert parts["the loss"] == 1000 and plan.peak_bytes > 1000
+    quiet = breakdown_at_peak(dataclasses.replace(problem, handoff=()), plan)
+    assert "the loss" not in quiet and not any("rank" in k or "eager" in k for k in parts)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
