@@ -41,7 +41,6 @@ from .eager_window import (  # noqa: F401  (re-exported: the watch's vocabulary)
     window_of,
 )
 from .graph_plan import MIN_FEASIBLE, STEP_NOTE, defer_min_feasible, scope_note
-from .known_programs import ProgramAccount
 from .rank_scope import storages_of
 from .ranks import largest_on_any_rank
 from .step import STEP, OpenGraph
@@ -200,14 +199,14 @@ def rank_peak_with(plan: Any, eager: EagerParts) -> int:
         return max(timeline(counted, plan.solution.saved, plan.solution.recomputed), default=0)
     grown = outside_grown(plan, scope)
     handoff = max(0, eager.peak - eager.after)  # (what the window leaves is counted in grown, at every row)
-    if plan.handoff_bytes is None:  # a program whose forward's end was not read: as if at its peak
+    program = plan.program
+    if program is None:  # a program whose forward's end was not read: as if at its peak
         return plan.compiled_peak_bytes + handoff + grown
-    program_peak = plan.program_peak_bytes  # (a reservation it was compiled with is replaced)
-    program = (ProgramAccount(0, plan.handoff_bytes, None) if program_peak is None
-               else ProgramAccount(program_peak, plan.handoff_bytes, plan.program_peaks))
-    at_handoff = compiled_rank_peak(plan, program, handoff, eager.freed) + grown
+    # (a reservation the program was compiled with is replaced by the eager parts)
+    read = program if program.peak_bytes is not None else replace(program, peak_bytes=0)
+    at_handoff = compiled_rank_peak(plan, read, handoff, eager.freed) + grown
     # without the program's own peak, the one accepted stands; the hand-off may now be higher
-    return at_handoff if program_peak is not None else max(plan.compiled_peak_bytes + grown, at_handoff)
+    return at_handoff if program.peak_bytes is not None else max(plan.compiled_peak_bytes + grown, at_handoff)
 
 
 def held_after_forward(plan: Any) -> int:
@@ -215,8 +214,8 @@ def held_after_forward(plan: Any) -> int:
     counts as the model's state and the batch): by its compiled program where it was read, else the
     values the plan keeps."""
     inputs = sum(v.bytes for v in plan.problem.values if v.kind is Kind.INPUT)
-    if plan.handoff_bytes is not None:
-        return max(0, plan.handoff_bytes - inputs)
+    if plan.program is not None:
+        return max(0, plan.program.handoff_bytes - inputs)
     by_name = {v.name: v.bytes for v in plan.problem.values}
     return sum(by_name.get(name, 0) for name in plan.solution.saved)
 

@@ -289,8 +289,7 @@ def compile_once(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Pla
     # and so is what it hands the backward while the eager head and loss run between the two
     program = ProgramAccount(step.peak_bytes, step.handoff_bytes,
                              (step.forward_peak_bytes, step.backward_peak_bytes, step.output_bytes))
-    plan.handoff_bytes, plan.program_peak_bytes = program.handoff_bytes, program.peak_bytes
-    plan.program_peaks = program.peaks
+    plan.program = program
     plan.compiled_peak_bytes = peak = compiled_rank_peak(plan, program, plan.problem.handoff_bytes)
     KNOWN.remember(program_of(attempt.setting), plan.solution, plan.workspace_by_node, program)
     return compiled, plan, peak

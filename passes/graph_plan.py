@@ -20,6 +20,7 @@ from remat.solvers.problem import Problem
 from remat.solvers.solution import Solution
 
 from . import torch_adapter as adapter
+from .known_programs import ProgramAccount
 from .names import NodeName
 from .rank_scope import RankScope
 from .request import PlanRequest
@@ -53,9 +54,9 @@ class GraphPlan:
     plan_cache: str = ""  # "stored" when written to the plan cache, "hit" when loaded from it
     cache_key: dict[str, object] | None = None  # the plan cache key it was stored under
     compiled_peak_bytes: int | None = None  # what the program Inductor generated peaks at
-    handoff_bytes: int | None = None  # alive when that program's forward returns: inputs, what it hands the backward
-    program_peak_bytes: int | None = None  # that program's own peak (compiled_peak_bytes adds the step's other memory)
-    program_peaks: tuple[int, int, int] | None = None  # its forward's and backward's peaks, the caller's outputs
+    # that program's own account (compiled_peak_bytes adds the step's other memory); a plan loaded from
+    # the plan cache knows only what the forward hands the backward (its peak_bytes None)
+    program: ProgramAccount | None = None
     compile_attempts: int = 0
     rank: int = 0  # under torch.distributed: this process's rank, and how many ranks agreed on the plan
     world_size: int = 1

@@ -35,8 +35,8 @@ CAPACITY = 256  # programs remembered; a fitting loop compiles at most six per g
 class ProgramAccount:
     """What a program's account says, apart from the step around it (``inductor_account.StepAccount``)."""
 
-    peak_bytes: int
-    handoff_bytes: int  # alive when its forward returns
+    peak_bytes: int | None  # None: not read (a plan loaded from the plan cache keeps only its hand-off)
+    handoff_bytes: int  # alive when its forward returns: its inputs and what it hands the backward
     peaks: tuple[int, int, int] | None  # its forward's and backward's peaks, the caller's outputs (None: unread)
 
 

@@ -32,6 +32,7 @@ from . import plan_cache, ranks
 from . import torch_adapter as adapter
 from .attempt import Attempt, GraphSetting
 from .rank_scope import RankScope
+from .known_programs import ProgramAccount
 from .graph_plan import (MIN_CUT, MIN_FEASIBLE, NO_MIN_CUT, PEER_RULES, GraphPlan, MinCut, defer_min_feasible,
                          min_cut_candidates, min_cut_figures, one_line, scope_note, torch_min_cut)
 from .names import names_of
@@ -215,7 +216,7 @@ class Planner:
         plan = GraphPlan(problem, solution, store_all(problem), self.request, cached.target, forward,
                          set(cached.random), self.lowest_of(problem), notes=list(cached.notes), plan_cache="hit",
                          figures=dict(cached.figures), compiled_peak_bytes=cached.compiled_peak,
-                         handoff_bytes=cached.handoff)
+                         program=None if cached.handoff is None else ProgramAccount(None, cached.handoff, None))
         if min_cut is None:
             plan.figures = {**NO_MIN_CUT, **plan.figures}
         self.defer_figures(plan, min_cut)

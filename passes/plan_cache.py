@@ -73,7 +73,8 @@ def entry_of(plan: Any) -> CachedPlan:
     facts = {name: getattr(solution, name) for name in SOLUTION_FACTS}
     facts["status"], facts["notes"] = solution.status.value, list(solution.notes)
     return CachedPlan(plan.problem, solution.saved, solution.recomputed, frozenset(plan.random_names), plan.target,
-                      facts, tuple(plan.notes), dict(plan.figures), plan.compiled_peak_bytes, plan.handoff_bytes)
+                      facts, tuple(plan.notes), dict(plan.figures), plan.compiled_peak_bytes,
+                      None if plan.program is None else plan.program.handoff_bytes)
 
 
 def cache_dir(setting: bool | str | os.PathLike[str]) -> Path | None:

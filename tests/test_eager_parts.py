@@ -75,7 +75,7 @@ class StandInPlan:
     target: int
     budget: int
     notes: list[str] = field(default_factory=list)
-    handoff_bytes = None
+    program = None
     solution = type("S", (), {"saved": frozenset()})()
     scope = rank_scope.RankScope("FSDP2")
 
