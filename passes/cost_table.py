@@ -29,7 +29,8 @@ from .plan_cache import OFF
 
 log = logging.getLogger(__name__)
 
-FORMAT = 2  # bump when what a measurement means changes (grid, threads, workspace rule, measuring thread)
+FORMAT = 3  # bump when what a measurement means changes (grid, threads, workspace rule, measuring thread);
+# 3: a symbolic size is keyed by its example value, not its name
 Entry = tuple[float, float, int, bool]  # seconds, flops, workspace, measured
 
 

@@ -32,11 +32,12 @@ import torch.fx as fx
 
 from remat.solvers.problem import Problem, problem_from_dict, problem_to_dict
 
+from . import torch_adapter as adapter
 from .request import PlanRequest
 
 log = logging.getLogger(__name__)
 
-FORMAT = 10  # 10: a problem names the memory outside its graph; 9: plans solved near the shared plan say how many decisions were fixed; 8: matmuls Inductor folds into an add placed there, or kept apart; 7: no scratch for ops Inductor
+FORMAT = 10  # 10: a problem names the memory outside its graph, and an analytic profile counts the scratch of Python kernels; 9: plans solved near the shared plan say how many decisions were fixed; 8: matmuls Inductor folds into an add placed there, or kept apart; 7: no scratch for ops Inductor
 # generates code for, no horizontal fusion across an extern kernel
 OFF = ("0", "off", "false", "no", "")
 
@@ -134,11 +135,18 @@ def stable_name(target: Any) -> str:
 
 
 def describe(val: Any) -> Any:
-    """A value's shapes, strides, dtypes and device, as plain data."""
+    """A value's shapes, strides, dtypes and device, as plain data. A symbolic size is described by
+    its example value: a program is accounted for, and a plan made, at that size (under a budget
+    remat pins it), so one made at another size is another."""
+    def sizes(values: Any) -> tuple[str, ...]:
+        return tuple(str(adapter.size_hint(v)) for v in values)
+
     if isinstance(val, torch.Tensor):
-        return (tuple(map(str, val.shape)), tuple(map(str, val.stride())), str(val.dtype), val.device.type)
+        return (sizes(val.shape), sizes(val.stride()), str(val.dtype), val.device.type)
     if isinstance(val, (list, tuple)):
         return tuple(describe(v) for v in val)
+    if isinstance(val, torch.SymInt):
+        return f"SymInt={adapter.size_hint(val)}"
     return type(val).__name__ if val is not None else None
 
 

@@ -287,7 +287,9 @@ def step_workspace(node: fx.Node, cost: NodeCost, fusion: bool) -> int:
     code for (pointwise, reductions, its random prims): their only memory is the buffers the
     wrapper allocates, which the model counts. Measured alone they may allocate temporaries
     (a bool mask times a float tensor makes a float copy of the mask)."""
-    generated = cost.kind in GENERATED_KINDS or node.target in adapter.inductor_random_prims()
+    # (the random prims by their packet: the node's target is an overload of one)
+    packet = getattr(node.target, "overloadpacket", node.target)
+    generated = cost.kind in GENERATED_KINDS or packet in adapter.inductor_random_prims()
     return 0 if fusion and generated else cost.workspace
 
 

@@ -167,12 +167,16 @@ def channels_last(value: Any) -> Any:
 
 
 def cache_key(node: fx.Node) -> tuple:
+    """What an op's cost depends on: the op, its arguments' sizes, strides, dtypes and devices, and
+    its other arguments. A symbolic size counts as its example value, the size the op is costed at
+    (by name, ``s0`` would stand for every size a dynamic graph is captured at)."""
     def describe(arg: Any) -> Any:
         if isinstance(arg, fx.Node):
             val = arg.meta.get("val")
             if isinstance(val, torch.Tensor):
-                return ("T", tuple(map(str, val.shape)), tuple(map(str, val.stride())), str(val.dtype), str(val.device))
-            return ("V", str(val))
+                return ("T", tuple(hint(s) for s in val.shape), tuple(hint(s) for s in val.stride()), str(val.dtype),
+                        str(val.device))
+            return ("V", str(concrete(val)))
         return repr(arg)
 
     key = (str(node.target), repr(adapter.tree_map(describe, node.args)), repr(adapter.tree_map(describe, node.kwargs)))
@@ -249,13 +253,16 @@ def op_cost(node: fx.Node, mode: Mode, device: torch.device, cache: TimingCache,
         except Exception as exc:  # an op that cannot run alone is costed analytically
             log.debug("could not measure %s (%s): %s", node.name, node.target, exc)
     if result is None:
-        flops = 0.0
+        flops, scratch = 0.0, None
         try:
             args, kwargs = materialize_args(node, meta=True)
             flops = count_flops(lambda: node.target(*args, **kwargs))
+            # an op whose eager kernel is Python (Inductor's prims.fma) holds its temporaries: counted
+            # from that kernel run on meta; any other op's scratch is the device's, and unknown here
+            scratch = adapter.python_kernel_scratch(node.target, args, kwargs)
         except Exception as exc:
             log.debug("no FLOP count for %s: %s", node.name, exc)
-        result = (analytic_seconds(flops, moved_bytes(node), peaks), flops, 0, False)
+        result = (analytic_seconds(flops, moved_bytes(node), peaks), flops, scratch or 0, False)
     cache.entries[key] = result
     return result
 

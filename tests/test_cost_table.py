@@ -117,3 +117,32 @@ def test_an_analytic_profile_reads_no_cost_measured_before_in_the_process() -> N
     measured = profile.profile_graph(graph, mode="measure", cache=shared)
     assert any(cost.measured for cost in measured.values())
     assert profile.profile_graph(graph, mode="analytic", cache=shared) == analytic
+
+
+def test_a_symbolic_size_is_keyed_by_the_size_it_stands_for() -> None:
+    """Graphs captured with a symbolic size at two example sizes: their ops' cost keys, and the
+    inputs' description the program and plan caches key on, differ (by its name, ``s0``, they
+    were the same, and the second size read costs and program accounts made at the first)."""
+    from remat.passes import plan_cache
+
+    seen: list[tuple[tuple, object]] = []
+
+    def keep(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        for node in gm.graph.nodes:  # (dynamo's graph; the joint graphs remat profiles hold "val")
+            node.meta["val"] = node.meta.get("example_value")
+        mm = next(n for n in gm.graph.nodes if n.op == "call_function")
+        seen.append((profile.cache_key(mm), plan_cache.describe(list(example_inputs))))
+        return gm
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(x, x.transpose(0, 1))
+
+    compiled = torch.compile(f, backend=keep, dynamic=True)
+    compiled(torch.ones(3, 4)), compiled(torch.ones(5, 4))
+    assert len(seen) == 1  # one symbolic graph: the second size ran it without a capture
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend=keep, dynamic=True)
+    compiled(torch.ones(5, 4))
+    (first_key, first_inputs), (second_key, second_inputs) = seen
+    assert "5" in repr(second_key) and "3" in repr(first_key) and first_key != second_key
+    assert first_inputs != second_inputs

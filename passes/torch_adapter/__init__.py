@@ -56,6 +56,7 @@ from .profiler import (  # re-exported
     when_backward_returns,
 )
 from .traced import traced_real_tensors  # re-exported
+from .python_kernels import python_kernel_scratch  # re-exported
 from .inductor_order import LocalFusion, addmm_folded, can_unfold, fusion_choices, order_settings, unfold
 from .inductor_program import (  # re-exported: the adapter is one namespace
     _PARTITIONED_OUTPUTS,

@@ -181,3 +181,23 @@ def test_batchnorm_in_eval_reads_running_stats_it_does_not_write() -> None:
     got = capture(Norm().eval(), torch.randn(3, 4), run_backward=False)
     assert adapter.mutated_inputs(got.joint) == set()
     assert not any(forward_bans(got).values())
+
+
+def test_inductors_random_prims_hold_no_scratch_under_inductor() -> None:
+    """Inductor generates its random prims inside kernels: under its fusion they hold no scratch,
+    whatever their eager kernel allocates (the graph's targets are overloads of the prims, which
+    the rule once looked up as packets, and missed)."""
+    from remat.passes.problem import step_workspace
+    from remat.passes.profile import NodeCost
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        seeds = torch.ops.prims.inductor_seeds.default(1, torch.device("cpu"))
+        seed = torch.ops.prims.inductor_lookup_seed.default(seeds, 0)
+        return torch.ops.prims.inductor_random.default([3, 4], seed, "rand") + x
+
+    graph = make_fx(f)(torch.randn(3, 4)).graph
+    prims = [n for n in graph.nodes if n.op == "call_function" and "inductor_" in str(n.target)]
+    assert len(prims) == 3
+    for node in prims:
+        cost = NodeCost(bytes=48, flops=0.0, seconds=0.0, workspace=48, kind="random")
+        assert step_workspace(node, cost, fusion=True) == 0 and step_workspace(node, cost, fusion=False) == 48
