@@ -37,7 +37,7 @@ from .request import PlanRequest
 
 log = logging.getLogger(__name__)
 
-FORMAT = 10  # 10: a problem names the memory outside its graph, and an analytic profile counts the scratch of Python kernels; 9: plans solved near the shared plan say how many decisions were fixed; 8: matmuls Inductor folds into an add placed there, or kept apart; 7: no scratch for ops Inductor
+FORMAT = 10  # 10: a problem names the memory outside its graph, an analytic profile counts the scratch of Python kernels, Inductor's random prims hold none; 9: plans solved near the shared plan say how many decisions were fixed; 8: matmuls Inductor folds into an add placed there, or kept apart; 7: no scratch for ops Inductor
 # generates code for, no horizontal fusion across an extern kernel
 OFF = ("0", "off", "false", "no", "")
 

@@ -212,10 +212,10 @@ def problem_from_dict(data: dict) -> Problem:
         tuples = {k: tuple(row[k]) for k in ("operands", "keep_operands") if k in row}
         values.append(Value(**{**row, **tuples, "kind": Kind(row["kind"])}))
     return Problem(tuple(values), data["num_forward_steps"], data["num_steps"], tuple(data["workspace"]),
-                   tuple(data["step_names"]), parts(data, "outside"), data.get("kept_copies", 0),
-                   parts(data, "handoff"), dict(data.get("meta", {})))
+                   tuple(data["step_names"]), _parts(data, "outside"), data.get("kept_copies", 0),
+                   _parts(data, "handoff"), dict(data.get("meta", {})))
 
 
-
-def parts(data: dict, name: str) -> tuple[Part, ...]:
+def _parts(data: dict, name: str) -> tuple[Part, ...]:
+    """The (what, bytes) parts stored under ``name`` (JSON gives lists), as the Problem holds them."""
     return tuple((str(what), int(nbytes)) for what, nbytes in data.get(name, ()))
