@@ -96,6 +96,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(SIZES), choices=list(SIZES))
     parser.add_argument("--compilers", nargs="+", default=["eager", "inductor"], choices=["eager", "inductor"])
     parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--tag", default="", help="appended to the results' file name (a second run of one day)")
     args = parser.parse_args()
     rows = []
     for name in args.models:
@@ -105,10 +106,11 @@ def main() -> None:
                 print(json.dumps(rows[-1]), flush=True)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"{dt.date.today()}-cpu-fit-check"
+    stem = out / f"{dt.date.today()}-cpu-fit-check{'-' + args.tag if args.tag else ''}"
     command = "python -m bench.fit_check " + " ".join(
         [f"--models {' '.join(args.models)}"] * (args.models != list(SIZES))
-        + [f"--compilers {' '.join(args.compilers)}"] * (args.compilers != ["eager", "inductor"]))
+        + [f"--compilers {' '.join(args.compilers)}"] * (args.compilers != ["eager", "inductor"])
+        + [f"--tag {args.tag}"] * bool(args.tag))
     stem.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
     stem.with_suffix(".md").write_text(to_markdown(rows, command.strip()))
     print(to_markdown(rows, command.strip()))

@@ -108,3 +108,16 @@ def planning_for(spec: DeviceSpec) -> Iterator[None]:
 def planned_for() -> DeviceSpec | None:
     """The device entered by :func:`planning_for`, or None."""
     return _PLANNING_FOR.get()
+
+
+def planned_device() -> DeviceSpec:
+    """The device meta graphs are planned for now: :func:`planned_for`'s, or this machine's CPU."""
+    return planned_for() or cpu_spec()
+
+
+def generates_on_fakes(spec: DeviceSpec) -> bool:
+    """Whether Inductor's program for ``spec`` can be generated here for fake inputs (nothing run),
+    so that a meta plan is judged by the program as on the device: for the CPU, whose code generation
+    is C++. A GPU's Triton code generation reads the GPU it compiles for, so a meta plan for one
+    stays the FX-level model's."""
+    return spec.kind == "cpu"

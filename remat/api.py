@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import torch
 
 from remat.passes import torch_adapter as adapter
-from remat.passes.devices import DeviceSpec, device_spec, planning_for
+from remat.passes.devices import DeviceSpec, device_spec, generates_on_fakes, planning_for
 from remat.passes.attempt import CompileStopped
 from remat.passes.torch_adapter.meta_capture import is_meta
 from remat.passes.torch_errors import capture_problem, without_interpreter_note
@@ -202,23 +202,24 @@ def plan(model: Callable[..., Any], *inputs: Any, budget_gb: float | None = None
 
 def captured(model: Callable[..., Any], inputs: tuple[Any, ...], options: Options, *,
              loss_fn: Callable[[Any], torch.Tensor] | None = None,
-             device: str | DeviceSpec | None = None) -> RematBackend:
-    """The backend holding the plan of ``model(*inputs)``'s first graph (``remat.plan``'s capture)."""
+             device: str | DeviceSpec | None = None, dynamic: bool | None = None) -> RematBackend:
+    """The backend holding the plan of ``model(*inputs)``'s first graph (``remat.plan``'s capture);
+    ``dynamic`` as ``torch.compile``'s (False: the sizes of ``inputs``, never a symbolic one)."""
     if on_meta(model, inputs):
-        return captured_on_meta(model, inputs, options, device_spec(device or "cpu"), loss_fn)
+        return captured_on_meta(model, inputs, options, device_spec(device or "cpu"), loss_fn, dynamic)
     if device is not None:
         raise ValueError(f"device={device!r} plans a model on the meta device, and this one is not: move the "
                          f"model and inputs with .to('meta') (nothing is allocated), or leave device out")
     backend = RematBackend(options, stop_after_plan=True, loss_fn=loss_fn)
-    capture(model, inputs, backend)
+    capture(model, inputs, backend, dynamic=dynamic)
     return backend
 
 
 def capture(model: Callable[..., Any], inputs: tuple[Any, ...], backend: RematBackend, *,
-            fullgraph: bool = False) -> None:
+            fullgraph: bool = False, dynamic: bool | None = None) -> None:
     """Capture ``model(*inputs)`` until ``backend`` planned its first graph."""
     try:
-        torch.compile(model, backend=backend, fullgraph=fullgraph)(*inputs)
+        torch.compile(model, backend=backend, fullgraph=fullgraph, dynamic=dynamic)(*inputs)
     except Exception as exc:
         inner = adapter.unwrap_backend_error(exc) or exc
         if not isinstance(inner, CompileStopped):
@@ -239,7 +240,7 @@ def on_meta(model: Callable[..., Any], inputs: tuple[Any, ...]) -> bool:
 
 
 def captured_on_meta(model: Callable[..., Any], inputs: tuple[Any, ...], options: Options, spec: DeviceSpec,
-                     loss_fn: Callable[[Any], torch.Tensor] | None) -> RematBackend:
+                     loss_fn: Callable[[Any], torch.Tensor] | None, dynamic: bool | None = None) -> RematBackend:
     """Plan a meta model for ``spec``: captured whole (a graph break would leave part of the step
     out), profiled analytically, no plan cache (its key knows no device spec)."""
     if loss_fn is not None:
@@ -252,16 +253,25 @@ def captured_on_meta(model: Callable[..., Any], inputs: tuple[Any, ...], options
     options = dataclasses.replace(options, profile="analytic", plan_cache=False)
     backend = RematBackend(options, stop_after_plan=True)
     with planning_for(spec):
-        capture(model, inputs, backend, fullgraph=True)
+        capture(model, inputs, backend, fullgraph=True, dynamic=dynamic)
     graph_plan = backend.plans[0]
     graph_plan.problem.meta["device"] = f"meta:{spec.name}"
     graph_plan.notes.append(
         f"planned on the meta device for {spec.name}: sizes exact from shapes, times analytic (FLOPs and bytes "
-        f"over the device's peaks); every figure is the FX-level model"
-        + (" (with Inductor's fusion): the program Inductor generates for meta inputs is not the device's "
-           "(it computes nothing), so none is accounted for" if options.compiler == "inductor" else ""))
+        f"over the device's peaks); " + meta_program_note(options.compiler, spec))
     backend.built.clear()
     return backend
+
+
+def meta_program_note(compiler: str, spec: DeviceSpec) -> str:
+    """What a meta plan's peaks are: the FX-level model's, or the program Inductor generated for the device."""
+    if compiler != "inductor":
+        return "every figure is the FX-level model"
+    if generates_on_fakes(spec):
+        return ("the compiled peaks are the program Inductor generates for this device, compiled for fake "
+                "inputs (nothing run); a C++ kernel's own scratch is unknown on meta (0)")
+    return ("every figure is the FX-level model (with Inductor's fusion): Inductor's program for this device "
+            "needs its code generation there, so none is accounted for")
 
 
 def not_whole(exc: BaseException) -> GraphError | None:

@@ -18,8 +18,8 @@ from remat.passes import torch_adapter as adapter
 from remat.solvers.errors import GraphError
 from remat.passes.eager_compiler import compile_eager
 from remat.passes import eager_parts, plan_cache, program_cache, rank_scope, ranks
-from remat.passes.devices import cpu_spec, planned_for
-from remat.passes.torch_adapter.meta_capture import captured_as_on, is_meta
+from remat.passes.devices import generates_on_fakes, planned_device
+from remat.passes.torch_adapter.meta_capture import captured_as_on, is_meta, on_fake_device
 from remat.passes.attempt import Attempt, CompileStopped, GraphSetting, compile_attempt
 from remat.passes.fit import Fitted, compile_fitted, compile_given, defer_min_feasible
 from remat.passes.graph_plan import GraphPlan
@@ -63,7 +63,7 @@ class RematBackend:
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         try:
             if is_meta(example_inputs):  # traced as on the device planned for (passes/torch_adapter/meta_capture.py)
-                with captured_as_on((planned_for() or cpu_spec()).kind):
+                with captured_as_on(planned_device().kind):
                     return self.compile_graph(gm, example_inputs)
             return self.compile_graph(gm, example_inputs)
         except BaseException:
@@ -125,8 +125,11 @@ class RematBackend:
     def compile(self, gm: fx.GraphModule, example_inputs: Sequence[Any], setting: GraphSetting) -> Fitted:
         """Plan and compile one captured graph (with the plan rank 0 gave, where ``setting`` has one);
         ``setting.record_programs``: load and publish whole programs (``passes/program_cache.py``)."""
+        if is_meta(example_inputs) and self.options.compiler == "inductor" and generates_on_fakes(planned_device()):
+            # the device's program is generated for fake inputs (nothing allocated or run) and accounted for
+            gm, example_inputs = on_fake_device(gm, example_inputs, planned_device().kind)
         if self.options.compiler == "eager" or is_meta(example_inputs):
-            # on meta nothing can run, Inductor's code generation included: the plan is the
+            # on meta for a device whose program cannot be generated here: the plan is the
             # FX-level model's (the problem still assumes Inductor's fusion when it compiles)
             attempt = Attempt(setting, stop_after_plan=self.stop_after_plan)
             try:

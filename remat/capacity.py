@@ -1,9 +1,10 @@
 """What fits: the largest batch or sequence length whose step fits a budget (``remat.fit``).
 
-Each size tried is captured and planned once (on the meta device nothing is allocated or run:
-see :func:`remat.plan`'s ``device``); the plan's smallest feasible peak decides whether the size
-fits, and one more solve at the budget gives remat's plan there. Sizes double from ``low`` until
-one is refused, then the gap is bisected.
+Each size tried is captured at its own sizes (on the meta device nothing is allocated or run:
+see :func:`remat.plan`'s ``device``) and judged as ``remat.compile`` would judge it: under Inductor,
+where its program can be generated, by compiling under the budget (refused: captured once more
+without it, for the curve's figures); otherwise by one more solve of the captured plan at the
+budget. Sizes double from ``low`` until one is refused, then the gap is bisected.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 import torch
 
-from remat.passes.devices import DeviceSpec
+from remat.passes.devices import DeviceSpec, device_spec, generates_on_fakes
 from remat.passes.graph_plan import GraphPlan, plan_at
 from remat.solvers.errors import format_bytes
 
@@ -112,7 +113,9 @@ def fit(model: torch.nn.Module | Callable[[int], torch.nn.Module], make_inputs: 
     (for a model whose buffers depend on the sequence length). On the meta device nothing is
     allocated or run and ``device`` names the device planned for (see :func:`remat.plan`);
     ``options`` are :class:`remat.Options`. Raises :class:`remat.BudgetError` when ``low`` does
-    not fit. A size fits when remat's smallest predicted peak is within the budget.
+    not fit. A size fits when remat plans it within the budget as ``remat.compile`` would: under
+    Inductor, where its program is generated (the real device; the CPU from meta), when a plan's
+    compiled program fits; otherwise when the model's plan at the budget does.
     """
     if budget_gb is None:
         raise ValueError("fit needs a budget: budget_gb=<GiB> (the device's memory, less what else it holds)")
@@ -126,7 +129,7 @@ def fit(model: torch.nn.Module | Callable[[int], torch.nn.Module], make_inputs: 
 
     def tried(size: int) -> bool:
         if size not in points:
-            points[size] = point_at(size, model, make_inputs, base_options, chosen.budget_bytes, device)
+            points[size] = point_at(size, model, make_inputs, base_options, chosen, device)
         return points[size][0].fits
 
     best, _ = search(tried, low, high)
@@ -170,27 +173,51 @@ def search(fits: Callable[[int], bool], low: int, high: int | None) -> tuple[int
 
 
 def point_at(size: int, model: torch.nn.Module | Callable[[int], torch.nn.Module],
-             make_inputs: Callable[[int], Sequence[Any]], options: Options, budget_bytes: int | None,
+             make_inputs: Callable[[int], Sequence[Any]], options: Options, budgeted: Options,
              device: str | DeviceSpec | None) -> tuple[FitPoint, GraphPlan | None, GraphPlan]:
-    """Plan ``size`` once (no budget), solve it at the budget: the curve's point, the plan at the
-    budget (None if refused) and the captured plan."""
+    """Plan ``size`` and judge it against ``budgeted``'s budget: the curve's point, the plan at the
+    budget (None if refused) and the captured plan. Every size is captured at its own sizes
+    (``dynamic=False``): the program a training loop at that size compiles, which a symbolic capture's
+    program is not (its buffers are planned for any size)."""
     t0 = time.perf_counter()
     module = model if isinstance(model, torch.nn.Module) else model(size)
-    backend = captured(module, tuple(make_inputs(size)), options, device=device)
-    base = backend.plans[0]
-    at = plan_at(base, budget_bytes)
-    at_budget = at if isinstance(at, GraphPlan) else None
-    if at_budget is not None:
-        at_budget.notes = list(base.notes)
+    inputs = tuple(make_inputs(size))
+    if programs_decide(options, device):
+        base, at_budget = compiled_at(module, inputs, options, budgeted, device)
+    else:
+        base = captured(module, inputs, options, device=device, dynamic=False).plans[0]
+        at = plan_at(base, budgeted.budget_bytes)  # the model's plan at the budget: what remat.compile solves
+        at_budget = at if isinstance(at, GraphPlan) else None
+        if at_budget is not None:
+            at_budget.notes = list(base.notes)
     figures = report_of(base)
     blocks = (figures.peer_rules or {}).get("checkpoint-blocks")
+    peak = None if at_budget is None else at_budget.compiled_peak_bytes or at_budget.solution.peak_bytes
     point = FitPoint(
         size=size, fits=at_budget is not None, min_feasible_bytes=figures.min_feasible_bytes,
-        remat_peak_bytes=None if at_budget is None else at_budget.solution.peak_bytes,
-        remat_added_seconds=None if at_budget is None
+        remat_peak_bytes=peak, remat_added_seconds=None if at_budget is None
         else at_budget.solution.added_seconds - at_budget.store_all.added_seconds,
         store_all_peak_bytes=figures.store_all_peak_bytes,
         checkpoint_blocks_peak_bytes=None if blocks is None else int(blocks["peak_bytes"]),
         checkpoint_blocks_added_seconds=None if blocks is None else float(blocks["overhead_seconds"]),
         capture_seconds=time.perf_counter() - t0)
     return point, at_budget, base
+
+
+def programs_decide(options: Options, device: str | DeviceSpec | None) -> bool:
+    """Whether a size fits by the program Inductor generates for it (as ``remat.compile`` decides):
+    under Inductor on the real device, or on meta for a device whose program is generated here."""
+    return options.compiler == "inductor" and (device is None or generates_on_fakes(device_spec(device)))
+
+
+def compiled_at(module: torch.nn.Module, inputs: tuple[Any, ...], options: Options, budgeted: Options,
+                device: str | DeviceSpec | None) -> tuple[GraphPlan, GraphPlan | None]:
+    """The plan ``remat.compile`` would compile under the budget (its program fits) and that plan
+    again as the base, or, where the budget is refused, the plan without one (for the curve's other
+    figures) and None. The fitting loop may accept a plan below the model's smallest peak, so the
+    budget is tried, not solved for."""
+    try:
+        plan = captured(module, inputs, budgeted, device=device, dynamic=False).plans[0]
+        return plan, plan
+    except BudgetError:
+        return captured(module, inputs, options, device=device, dynamic=False).plans[0], None

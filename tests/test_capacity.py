@@ -143,6 +143,27 @@ def tiny_gpt(device: str, batch: int = 4, seq: int = 16) -> tuple[torch.nn.Modul
         return zoo.build("gpt", device=device, batch=batch, seq=seq, **TINY_GPT)
 
 
+def test_meta_planning_under_inductor_accounts_for_the_program_the_cpu_compiles() -> None:
+    """For the CPU, Inductor's program is generated for fake inputs (nothing run) and judged as on the
+    CPU: the same compiled peak and smallest feasible budget as the CPU's own compile, both with
+    analytic costs (which pick the same plans). For a GPU the figures stay the FX-level model's."""
+    reports = []
+    for device, options in (("cpu", {"profile": "analytic"}), ("meta", {"device": "cpu"})):
+        model, inputs = tiny_gpt(device)
+        reports.append(remat.plan(model, *inputs, budget_gb=250_000 / 2**30, plan_cache=False, **options))
+    cpu, meta = reports
+    assert cpu.min_feasible_bytes < 250_000 < cpu.store_all_peak_bytes  # a budget that binds
+    assert meta.compiled_peak_bytes is not None and meta.compiled_peak_bytes == cpu.compiled_peak_bytes
+    assert meta.compiled_peak_bytes <= meta.budget_bytes
+    assert meta.min_feasible_exact and meta.min_feasible_bytes == cpu.min_feasible_bytes
+    assert any("the program Inductor generates" in note for note in meta.notes)
+
+    model, inputs = tiny_gpt("meta")
+    gpu = remat.plan(model, *inputs, budget_gb=250_000 / 2**30, device="h100-80gb")
+    assert gpu.compiled_peak_bytes is None and not gpu.min_feasible_exact
+    assert any("none is accounted for" in note for note in gpu.notes)
+
+
 @pytest.mark.parametrize(("vary", "low", "tried"), [("batch", 4, [4, 8, 6, 5]), ("seq", 16, [16, 32, 24, 20, 22, 23])])
 def test_the_size_fit_predicts_on_meta_is_the_largest_that_runs_on_the_cpu(vary: str, low: int,
                                                                               tried: list[int]) -> None:

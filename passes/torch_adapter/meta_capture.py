@@ -17,6 +17,7 @@ Two things in torch make a meta capture differ from a real device's:
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator
 from typing import Any
 
@@ -147,3 +148,41 @@ def captured_as_on(kind: str) -> Iterator[None]:
     """A meta graph traced in the block is the graph a ``kind`` device ("cpu" or "cuda") would give."""
     with composites_decompose(), attention_as_on(kind):
         yield
+
+
+def on_fake_device(gm: torch.fx.GraphModule, example_inputs: list[Any],
+                   kind: str) -> tuple[torch.fx.GraphModule, list[Any]]:
+    """``gm`` and its meta ``example_inputs`` as a ``kind`` device ("cpu") would give them to a
+    backend, with nothing allocated: each input becomes a fake tensor on that device in dynamo's own
+    fake mode (symbolic sizes kept), and each device the graph names (``torch.arange(...,
+    device=x.device)`` is captured as a constant) becomes that device. Inductor then generates the
+    device's program for the plan, which remat accounts for without running it."""
+    from torch._guards import detect_fake_mode
+
+    fake_mode = detect_fake_mode()
+    if fake_mode is None:
+        raise RuntimeError("remat: a meta graph was compiled outside dynamo's tracing; please report this")
+    device = torch.device(kind)
+
+    def moved(value: Any) -> Any:
+        if isinstance(value, torch.device) and value.type == "meta":
+            return device
+        if isinstance(value, (list, tuple)):
+            return type(value)(moved(v) for v in value)
+        if isinstance(value, dict):
+            return {k: moved(v) for k, v in value.items()}
+        return value
+
+    def fake(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor) or value.device.type != "meta":
+            return value
+        traced = fake_mode.from_tensor(value)  # dynamo's fake of this input: its (symbolic) sizes
+        with fake_mode:
+            out = torch.empty_strided(traced.shape, traced.stride(), dtype=traced.dtype, device=device)
+        return out.requires_grad_(value.requires_grad)
+
+    moved_gm = copy.deepcopy(gm)
+    for node in moved_gm.graph.nodes:
+        node.args, node.kwargs = moved(node.args), moved(node.kwargs)
+    moved_gm.recompile()
+    return moved_gm, [fake(v) for v in example_inputs]
