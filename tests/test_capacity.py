@@ -192,6 +192,30 @@ def test_the_size_fit_predicts_on_meta_is_the_largest_that_runs_on_the_cpu(vary:
         remat.compile(model, budget_gb=budget_gb, compiler="eager", plan_cache=False)(*inputs).backward()
 
 
+def test_under_inductor_the_size_fit_finds_on_meta_is_the_one_the_cpu_compiles() -> None:
+    """Under Inductor fit compiles each size under the budget, captured at that size alone (a
+    symbolic capture's program is not the one a loop at one size compiles): the batch it finds on meta
+    runs within the budget on the CPU and the next is refused, as remat.compile decides them with the
+    same (analytic) costs. (With measured costs the CPU may pick another plan near the boundary, whose
+    program can peak a few KB apart: the bench's fit_check measures that case.)"""
+    from remat.measure import budget_peak
+
+    model, inputs = tiny_gpt("meta", batch=7)
+    budget_gb = (remat.plan(model, *inputs, device="cpu").min_feasible_bytes - 512) / 2**30
+    found = remat.fit(lambda n: tiny_gpt("meta", batch=n)[0], lambda n: tiny_gpt("meta", batch=n)[1],
+                      budget_gb=budget_gb, vary="batch", low=5, high=7, device="cpu")
+    assert found.captured[:2] == [5, 7] and found.report.compiled_peak_bytes <= found.report.budget_bytes
+    assert all(p.fits == (p.size <= found.size) for p in found.curve)
+
+    model, inputs = tiny_gpt("cpu", batch=found.size)
+    compiled = remat.compile(model, budget_gb=budget_gb, plan_cache=False, profile="analytic")
+    assert budget_peak(lambda: compiled(*inputs).backward(), model, inputs, "cpu") <= found.report.budget_bytes
+    if found.size < 7:
+        model, inputs = tiny_gpt("cpu", batch=found.size + 1)
+        with pytest.raises(remat.BudgetError):
+            remat.compile(model, budget_gb=budget_gb, plan_cache=False, profile="analytic")(*inputs).backward()
+
+
 def test_fit_refuses_what_it_cannot_search() -> None:
     model = tiny_gpt("meta")[0]
 
