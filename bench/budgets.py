@@ -26,7 +26,7 @@ from remat.cli import parse_overrides
 from remat.errors import GIB, format_bytes
 from remat.measure import budget_peak
 from remat.passes import torch_adapter as adapter
-from remat.passes.timing import time_call
+from remat.passes.costs.timing import time_call
 from remat.zoo import build
 
 CUDA_SIZE = {"layers": 12, "d_model": 1024, "heads": 16, "seq": 2048, "vocab": 32000, "batch": 8}

@@ -32,7 +32,7 @@ from torch.nn import functional as F
 
 from remat.models import Llama, LlamaConfig, apply_rotary
 from remat.options import Options
-from remat.passes.graph_plan import plan_at
+from remat.passes.decide.graph_plan import plan_at
 from remat.report import report_of
 from remat.solvers.errors import BudgetError, format_bytes
 

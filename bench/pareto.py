@@ -27,7 +27,7 @@ from bench.peers import Peer
 from remat.errors import GIB, BudgetError
 from remat.measure import budget_peak
 from remat.passes import torch_adapter as adapter
-from remat.passes.timing import seconds_of_call
+from remat.passes.costs.timing import seconds_of_call
 
 log = logging.getLogger(__name__)
 SWEEP = (0.0, 0.25, 0.5, 0.75)  # of the way from remat's smallest feasible budget to store-all

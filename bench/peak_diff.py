@@ -20,7 +20,7 @@ above what was allocated before, plus the parameters, buffers and batch).
 (a)'s live set is read from the CPU profiler's memory events (allocations and frees paired by address;
 each attributed to the innermost ATen op around it, the module whose forward ran it, and in the backward
 the autograd node, named with the module of its forward op). (b)'s and (c)'s come from the programs
-Inductor generated, walked storage by storage as ``passes/inductor_account.py`` walks them for the
+Inductor generated, walked storage by storage as ``passes/program/inductor_account.py`` walks them for the
 budget, with two corrections its walk lacks on ``torch.compile``'s checkpointed SDPA programs (an
 extern kernel's nested tuple output no line allocates; RNG states handed to the backward under other
 names). Each compiled live set is checked against the profiler's live set at the measured peak, size

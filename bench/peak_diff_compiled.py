@@ -22,7 +22,7 @@ from bench.peak_diff_replay import Lowered, compiled_buffers, handed_by_position
 from bench.peers import checkpointed_blocks
 from remat.errors import GIB
 from remat.measure import budget_peak
-from remat.passes import inductor_account as account
+from remat.passes.program import inductor_account as account
 from remat.passes import torch_adapter as adapter
 from remat.passes.torch_adapter import live_set
 

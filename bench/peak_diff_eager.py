@@ -20,7 +20,7 @@ from bench.peak_diff_live_set import Buffer, LiveSet, held_buffer, short_op, unw
 from bench.peers import blocks_of, checkpointed_blocks
 from remat.measure import budget_peak, held_bytes
 from remat.passes import torch_adapter as adapter
-from remat.passes.measure import peak_of_events
+from remat.passes.program.measure import peak_of_events
 
 # ops that only allocate for the op around them: a buffer is named by the op that asked for it
 ALLOCATING = frozenset({"empty", "empty_strided", "empty_like", "resize_", "new_empty", "new_empty_strided"})

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import torch.fx as fx
 
 from bench.peak_diff_live_set import Buffer, held_buffer, short_op, unwrapped
-from remat.passes import inductor_account as account
-from remat.passes.names import innermost_module
+from remat.passes.program import inductor_account as account
+from remat.passes.capture.names import innermost_module
 
 
 @dataclass

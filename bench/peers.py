@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from remat.passes import torch_adapter as adapter
-from remat.passes.taxonomy import saved_by_selective
+from remat.passes.capture.taxonomy import saved_by_selective
 
 Run = Callable[..., torch.Tensor]
 BUDGET_FRACTIONS = (0.8, 0.5, 0.2, 0.0)

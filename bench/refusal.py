@@ -28,8 +28,8 @@ from bench.__main__ import SIZES, build
 from bench.render import write_cpu_results
 from remat.cli import parse_overrides
 from remat.errors import GIB
-from remat.passes import fit
-from remat.passes.known_programs import KNOWN
+from remat.passes.program import fit
+from remat.passes.program.known_programs import KNOWN
 
 OPTIONS = {"profile": "analytic", "plan_cache": False}
 

@@ -1,7 +1,7 @@
 """Devices a model can be planned for without being there: their throughputs and memory.
 
 A model on the meta device allocates nothing and runs nothing, so every cost is analytic
-(FLOPs and bytes over the device's peaks, ``passes/profile.py``) and every size is exact
+(FLOPs and bytes over the device's peaks, ``passes/costs/profile.py``) and every size is exact
 from shapes. :func:`device_spec` names the devices remat knows; a :class:`DeviceSpec`
 describes any other. While :func:`planning_for` is entered, the analytic profile of a
 meta graph uses that device's figures.
@@ -67,7 +67,7 @@ NAMED: dict[str, DeviceSpec] = {
 
 def cpu_spec() -> DeviceSpec:
     """This machine's CPU as ``profile="analytic"`` costs it (the same peaks), with its memory."""
-    from .profile import DevicePeaks  # the figures an analytic CPU profile uses
+    from .costs.profile import DevicePeaks  # the figures an analytic CPU profile uses
 
     import torch
 

@@ -13,9 +13,9 @@ import torch
 
 from remat.passes import torch_adapter as adapter
 from remat.passes.devices import DeviceSpec, device_spec, generates_on_fakes, planning_for
-from remat.passes.attempt import CompileStopped
+from remat.passes.decide.attempt import CompileStopped
 from remat.passes.torch_adapter.meta_capture import is_meta
-from remat.passes.torch_errors import capture_problem, without_interpreter_note
+from remat.passes.capture.torch_errors import capture_problem, without_interpreter_note
 
 from .backend import RematBackend, named_reports
 from .errors import BudgetError, GraphError, PlanError, SolverUnavailable

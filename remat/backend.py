@@ -16,16 +16,17 @@ import torch.fx as fx
 
 from remat.passes import torch_adapter as adapter
 from remat.solvers.errors import GraphError
-from remat.passes.eager_compiler import compile_eager
-from remat.passes import eager_parts, plan_cache, program_cache, rank_scope, ranks
+from remat.passes.program.eager_compiler import compile_eager
+from remat.passes.scope import eager_parts, rank_scope, ranks
+from remat.passes.cache import plan_cache, program_cache
 from remat.passes.devices import generates_on_fakes, planned_device
 from remat.passes.torch_adapter.meta_capture import captured_as_on, is_meta, on_fake_device
-from remat.passes.attempt import Attempt, CompileStopped, GraphSetting, compile_attempt
-from remat.passes.fit import Fitted, compile_fitted, compile_given, defer_min_feasible
-from remat.passes.graph_plan import GraphPlan
-from remat.passes.known_programs import identity
-from remat.passes.names import names_of_inputs
-from remat.passes.partition import Planner
+from remat.passes.decide.attempt import Attempt, CompileStopped, GraphSetting, compile_attempt
+from remat.passes.program.fit import Fitted, compile_fitted, compile_given, defer_min_feasible
+from remat.passes.decide.graph_plan import GraphPlan
+from remat.passes.program.known_programs import identity
+from remat.passes.capture.names import names_of_inputs
+from remat.passes.decide.partition import Planner
 
 from .options import Options
 from .report import Report, report_of
@@ -124,7 +125,7 @@ class RematBackend:
 
     def compile(self, gm: fx.GraphModule, example_inputs: Sequence[Any], setting: GraphSetting) -> Fitted:
         """Plan and compile one captured graph (with the plan rank 0 gave, where ``setting`` has one);
-        ``setting.record_programs``: load and publish whole programs (``passes/program_cache.py``)."""
+        ``setting.record_programs``: load and publish whole programs (``passes/cache/program_cache.py``)."""
         if is_meta(example_inputs) and self.options.compiler == "inductor" and generates_on_fakes(planned_device()):
             # the device's program is generated for fake inputs (nothing allocated or run) and accounted for
             gm, example_inputs = on_fake_device(gm, example_inputs, planned_device().kind)

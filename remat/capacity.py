@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from remat.passes.devices import DeviceSpec, device_spec, generates_on_fakes
-from remat.passes.graph_plan import GraphPlan, plan_at
+from remat.passes.decide.graph_plan import GraphPlan, plan_at
 from remat.solvers.errors import format_bytes
 
 from .api import captured

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from remat.passes import torch_adapter as adapter
-from remat.passes.attempt import CompileStopped
-from remat.passes.graph_plan import GraphPlan, plan_at
+from remat.passes.decide.attempt import CompileStopped
+from remat.passes.decide.graph_plan import GraphPlan, plan_at
 from remat.solvers.plan import monotone
 
 from .backend import RematBackend

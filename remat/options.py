@@ -17,8 +17,8 @@ from remat.solvers.plan import Request
 from .budget import budget_bytes
 
 if TYPE_CHECKING:  # the passes import torch: this module does not, so that ``remat --help`` is quick
-    from remat.passes.policies import Policy
-    from remat.passes.request import PlanRequest
+    from remat.passes.modeling.policies import Policy
+    from remat.passes.decide.request import PlanRequest
 
 COMPILERS = ("inductor", "eager")
 PROFILES = ("measure", "analytic")
@@ -83,7 +83,7 @@ class Options:
       line it runs (see docs/budget.md, Headroom).
     - ``plan_cache``: ``True`` (default) keeps plans on disk, so a graph
       compiled again skips the solve; a folder path keeps them there;
-      ``False`` turns it off (see ``remat.passes.plan_cache``). Measured op
+      ``False`` turns it off (see ``remat.passes.cache.plan_cache``). Measured op
       costs are kept beside the plans (``costs/`` in that folder, or where
       ``REMAT_COST_CACHE`` says), so a later process measures no op twice.
     - ``policy``: decisions to pin before the solve (``remat.policies``: a
@@ -144,7 +144,7 @@ class Options:
             raise ValueError(f"plan_cache must be True, False or a folder path, not {self.plan_cache!r}")
         solvers.get(self.solver)  # an unknown or uninstalled solver is named now, not at the first call
         if self.policy is not None:
-            from remat.passes.policies import policy_named
+            from remat.passes.modeling.policies import policy_named
 
             policy_named(self.policy)  # validates
 
@@ -168,10 +168,10 @@ class Options:
 
     def request(self) -> PlanRequest:
         """The plain request the passes plan from."""
-        from remat.passes.cost_table import cost_dir
-        from remat.passes.plan_cache import cache_dir
-        from remat.passes.policies import policy_named, with_regions
-        from remat.passes.request import PlanRequest
+        from remat.passes.cache.cost_table import cost_dir
+        from remat.passes.cache.plan_cache import cache_dir
+        from remat.passes.modeling.policies import policy_named, with_regions
+        from remat.passes.decide.request import PlanRequest
 
         solve = Request(self.budget_bytes, self.headroom, self.solver, self.time_limit_s)
         plans = cache_dir(self.plan_cache)

@@ -1,11 +1,11 @@
-"""Decisions as policies (defined in ``remat.passes.policies``): pass one as ``policy=``.
+"""Decisions as policies (defined in ``remat.passes.modeling.policies``): pass one as ``policy=``.
 
     import remat
     remat.compile(model, budget_gb=20, policy=remat.policies.save_matmuls)
     remat.compile(model, budget_gb=20, policy=remat.policies.save_ops("addmm") | my_policy)
 """
 
-from remat.passes.policies import (
+from remat.passes.modeling.policies import (
     SAFETY,
     Pin,
     Policy,

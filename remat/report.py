@@ -45,7 +45,7 @@ class NodeRow:
     category: str = ""  # matmul | attention | pointwise | reduction | view | random | ...
     added_seconds: float = 0.0  # what this decision adds to the step (recompute, or keep when fused)
     workspace: int = 0  # scratch bytes the op holds while it runs, beyond its inputs and outputs
-    # the user's names (remat.passes.names): the module that ran the op (``layers.3.attn``; "" for
+    # the user's names (remat.passes.capture.names): the module that ran the op (``layers.3.attn``; "" for
     # the compiled model's own code or where none was recorded), a graph input's parameter,
     # buffer or argument (``layers.3.attn.q_proj.weight``, ``x``), the source line (``net.py:12``)
     module: str = ""
@@ -290,7 +290,7 @@ class Report(Deferring):
 
 def report_of(plan: Any) -> Report:
     """The Report of one planned graph, built once from the passes' plain record
-    (a ``remat.passes.partition.GraphPlan``; read by attribute, so no torch is imported here)."""
+    (a ``remat.passes.decide.partition.GraphPlan``; read by attribute, so no torch is imported here)."""
     problem, solution, request = plan.problem, plan.solution, plan.request
     names = getattr(plan, "names", {})  # the user's names for the nodes, where the graph was traced
     report = Report(
@@ -331,7 +331,7 @@ def report_of(plan: Any) -> Report:
 
 
 def scope_fields(scope: Any, problem: Problem, solution: Solution) -> dict[str, Any]:
-    """The per-rank budget's part of a Report (``remat.passes.rank_scope``), or nothing."""
+    """The per-rank budget's part of a Report (``remat.passes.scope.rank_scope``), or nothing."""
     if scope is None:
         return {}
     copies = kept_by_copies(problem, solution.saved) + scope.copy_input_bytes
@@ -370,7 +370,7 @@ def attach_timelines(report: Report, problem: Problem, plan: Solution, store_all
 
 
 def node_rows(problem: Problem, solution: Solution, names: dict[str, Any] | None = None) -> list[NodeRow]:
-    """One row per value; ``names``: the user's names by node name (``remat.passes.names.NodeName``)."""
+    """One row per value; ``names``: the user's names by node name (``remat.passes.capture.names.NodeName``)."""
     context = Context.of(problem, solution, names)
     scratch = dict(zip(problem.step_names, problem.workspace))
     names = names or {}

@@ -18,7 +18,7 @@ from remat.solvers.solution import Solution
 # --- decisions and their reasons ---------------------------------------------
 
 def op_category(value: Value, by_name: dict[str, Value] | None = None) -> str:
-    """What kind of op made ``value`` (the passes' classification, ``remat.passes.taxonomy``)."""
+    """What kind of op made ``value`` (the passes' classification, ``remat.passes.capture.taxonomy``)."""
     if value.kind is Kind.INPUT:
         return "input"
     return value.category or "other"
@@ -50,7 +50,7 @@ class Context:
 
     by_name: dict[str, Value]
     kept_for: dict[str, str]  # operand -> a recomputed value that needs it kept
-    names: dict[str, Any] = field(default_factory=dict)  # the user's names by node (remat.passes.names)
+    names: dict[str, Any] = field(default_factory=dict)  # the user's names by node (remat.passes.capture.names)
 
     def call(self, name: str) -> str:
         """How a reason names another value: the user's name for it where known, else the node's."""

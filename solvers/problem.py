@@ -58,7 +58,7 @@ class Value:
       this value is recomputed; an extra rule a builder may impose (the FX
       builder imposes none: recompute starts are exact).
     - ``category``: what kind of op made it (matmul, attention, pointwise, view, random,
-      ...; the FX passes' one classification, ``remat.passes.taxonomy``), for reports.
+      ...; the FX passes' one classification, ``remat.passes.capture.taxonomy``), for reports.
     - ``block``: FORWARD only, the repeated block of the model that computed it (the module
       path up to its index in a list of layers, e.g. ``"blocks.3"``); "" outside any block.
       Checkpoint-per-block in the model (``baselines.checkpoint_blocks``) reads it.

@@ -65,8 +65,8 @@ def budget_between(report: remat.Report, fraction: float) -> float:
 
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
-    from remat.passes.known_programs import KNOWN
-    from remat.passes.step import STEP
+    from remat.passes.program.known_programs import KNOWN
+    from remat.passes.scope.step import STEP
 
     def forget() -> None:
         torch._dynamo.reset()

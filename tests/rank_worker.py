@@ -30,8 +30,10 @@ from bench import fsdp as fsdp_bench
 import remat
 from remat.errors import GIB
 from remat.measure import cpu_step_peak
-from remat.passes import partition, profile, rank_scope
-from remat.passes.step import STEP
+from remat.passes.decide import partition
+from remat.passes.costs import profile
+from remat.passes.scope import rank_scope
+from remat.passes.scope.step import STEP
 from tests.conftest import build
 
 WORKER_LIMIT_S = 420

@@ -9,8 +9,10 @@ import pathlib
 import pytest
 import torch
 
-from remat.passes import cost_table, profile, timing
-from remat.passes.cost_table import CostTable
+from remat.passes.cache import cost_table
+
+from remat.passes.costs import profile, timing
+from remat.passes.cache.cost_table import CostTable
 from tests.conftest import build
 from tests.passes.helpers import capture
 
@@ -76,7 +78,7 @@ def test_bad_files_are_ignored_with_a_warning(tmp_path: pathlib.Path, damage: ob
     table = CostTable(tmp_path, CPU)
     table.store({cost_table.signature(("op",)): (1.0, 0.0, 0, True)})
     damage(table.path)  # type: ignore[operator]
-    with caplog.at_level(logging.WARNING, logger="remat.passes.cost_table"):
+    with caplog.at_level(logging.WARNING, logger="remat.passes.cache.cost_table"):
         assert CostTable(tmp_path, CPU).load() == {}
     assert warning in caplog.text
     assert CostTable(tmp_path, CPU).store({cost_table.signature(("op",)): (2.0, 0.0, 0, True)})  # replaced whole
@@ -96,7 +98,7 @@ def test_where_the_table_lives(tmp_path: pathlib.Path, monkeypatch: pytest.Monke
 def test_an_unwritable_folder_warns(tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    with caplog.at_level(logging.WARNING, logger="remat.passes.cost_table"):
+    with caplog.at_level(logging.WARNING, logger="remat.passes.cache.cost_table"):
         assert not CostTable(blocker / "costs", CPU).store({cost_table.signature(("op",)): (1.0, 0.0, 0, True)})
     assert "could not write the op cost table" in caplog.text
 
@@ -123,7 +125,7 @@ def test_a_symbolic_size_is_keyed_by_the_size_it_stands_for() -> None:
     """Graphs captured with a symbolic size at two example sizes: their ops' cost keys, and the
     inputs' description the program and plan caches key on, differ (by its name, ``s0``, they
     were the same, and the second size read costs and program accounts made at the first)."""
-    from remat.passes import plan_cache
+    from remat.passes.cache import plan_cache
 
     seen: list[tuple[tuple, object]] = []
 

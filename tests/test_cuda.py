@@ -46,7 +46,7 @@ def test_cuda_profile_measures_time_and_workspace() -> None:
 
 def test_cuda_warm_compile_loads_its_program_whole(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The second compile of a graph at the same budget loads the plan's program from AOTAutograd's
-    cache (passes/program_cache.py), and that program peaks where the first one did."""
+    cache (passes/cache/program_cache.py), and that program peaks where the first one did."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     size = {**SIZE, "layers": 1}
     model, inputs = build("gpt", device="cuda", **size)
@@ -110,7 +110,7 @@ def test_cuda_eager_window_is_read_without_resetting_the_peak(monkeypatch: pytes
     """Blocks compiled one by one under a rank scope (stood in for FSDP2's): the head and loss are read
     from the allocator's statistics on the first step and counted from the second, and the peak the
     caller reads around the first step is not reset by it."""
-    from remat.passes import rank_scope
+    from remat.passes.scope import rank_scope
 
     monkeypatch.setattr(rank_scope, "scope_of", lambda gm, inputs, scope: rank_scope.RankScope("FSDP2", copies=1))
     model, inputs = build("gpt", device="cuda", **{**SIZE, "layers": 2, "seq": 64})

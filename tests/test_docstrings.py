@@ -8,8 +8,8 @@ import importlib
 import pytest
 
 
-@pytest.mark.parametrize("module", ["remat.budget", "remat.solvers.errors", "remat.lazy", "remat.passes.profile",
-                                    "remat.passes.timing", "remat.passes.torch_adapter.profiler",
+@pytest.mark.parametrize("module", ["remat.budget", "remat.solvers.errors", "remat.lazy", "remat.passes.costs.profile",
+                                    "remat.passes.costs.timing", "remat.passes.torch_adapter.profiler",
                                     "remat.solvers.plan",
                                     "remat.zoo"])
 def test_docstring_examples(module: str) -> None:

@@ -1,4 +1,4 @@
-"""The eager head and loss of a rank's step, measured on the first step (passes/eager_parts.py).
+"""The eager head and loss of a rank's step, measured on the first step (passes/scope/eager_parts.py).
 
 The 2-rank FSDP2 test is in tests/test_ranks.py; here the window's arithmetic, the watch's
 decisions on a stand-in plan, and one process with a rank scope stood in for FSDP2's.
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import remat
-from remat.passes import eager_parts, rank_scope
-from remat.passes.eager_parts import UNKNOWN, EagerParts, EagerWatch, peak_between_marks
-from remat.passes.step import STEP
+from remat.passes.scope import eager_parts, rank_scope
+from remat.passes.scope.eager_parts import UNKNOWN, EagerParts, EagerWatch, peak_between_marks
+from remat.passes.scope.step import STEP
 from remat.solvers.errors import BudgetError
 from remat.zoo import build
 

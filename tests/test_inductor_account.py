@@ -9,10 +9,11 @@ import remat
 from remat import zoo
 from remat.measure import budget_peak
 from bench import hf_models, refusal
-from remat.passes import fit, problem
-from remat.passes.fit import compile_once
-from remat.passes.known_programs import KNOWN
-from remat.passes import inductor_account as account
+from remat.passes.program import fit
+from remat.passes.modeling import problem
+from remat.passes.program.fit import compile_once
+from remat.passes.program.known_programs import KNOWN
+from remat.passes.program import inductor_account as account
 from remat.passes import torch_adapter as adapter
 from remat.errors import GIB
 from tests.conftest import planned

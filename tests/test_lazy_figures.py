@@ -15,7 +15,8 @@ import remat
 from remat import zoo
 from remat.errors import GIB
 from remat.frontier import capture
-from remat.passes import fit, partition
+from remat.passes.program import fit
+from remat.passes.decide import partition
 from remat.passes import torch_adapter as adapter
 from remat.solvers import plan as policy
 from tests.conftest import build

@@ -20,7 +20,7 @@ from bench.peak_diff_live_set import PROGRAMS, LiveSet, group_of, short_op, unwr
 from bench.peak_diff_replay import Lowered
 from bench.peak_diff_report import diff_rows, markdown
 from remat import zoo
-from remat.passes import inductor_account as account
+from remat.passes.program import inductor_account as account
 
 TINY = {"layers": 2, "d_model": 32, "heads": 4, "seq": 16, "vocab": 64, "batch": 2}
 BLOCK_INPUT_BYTES = TINY["batch"] * TINY["seq"] * TINY["d_model"] * 4  # float32 (B, T, C)

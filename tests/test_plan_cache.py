@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import remat
-from remat.passes import partition, plan_cache
+from remat.passes.decide import partition
+from remat.passes.cache import plan_cache
 from remat.passes import torch_adapter as adapter
 from tests.conftest import budget_between, build, planned
 
@@ -127,7 +128,7 @@ def test_bad_files_are_ignored_with_a_warning_and_replaced(tmp_path: pathlib.Pat
     path = tmp_path / original.name
     shutil.copy(original, path)
     damage(path)
-    with caplog.at_level(logging.WARNING, logger="remat.passes.plan_cache"):
+    with caplog.at_level(logging.WARNING, logger="remat.passes.cache.plan_cache"):
         again = _plan(tmp_path, budget)
     assert warning in caplog.text
     assert again.plan_cache == "stored" and again.saved == first.saved
@@ -152,7 +153,7 @@ def test_switches(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> No
 def test_an_unwritable_folder_warns_and_plans(tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    with caplog.at_level(logging.WARNING, logger="remat.passes.plan_cache"):
+    with caplog.at_level(logging.WARNING, logger="remat.passes.cache.plan_cache"):
         report = _plan(blocker / "plans")
     assert report.plan_cache == "" and "could not write the plan cache" in caplog.text
 
@@ -248,8 +249,10 @@ def test_a_program_from_inductors_cache_without_a_stored_account_is_generated_ag
 def test_the_version_covers_the_torch_adapter() -> None:
     """Inductor's fusion rules and the program account live in the adapter package: a plan
     stored before they changed is another version's."""
+    from remat.passes.modeling import problem
     from remat.passes.torch_adapter import inductor_order
 
     sources = {path.resolve() for path in plan_cache.plan_sources()}
     assert pathlib.Path(inductor_order.__file__).resolve() in sources
     assert pathlib.Path(plan_cache.__file__).resolve() in sources
+    assert pathlib.Path(problem.__file__).resolve() in sources  # every stage's subpackage, not the cache's alone

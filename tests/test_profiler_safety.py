@@ -21,8 +21,8 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 import remat
 from remat.measure import step_peak
-from remat.passes import profile as profile_pass
-from remat.passes.timing import MIN_SAMPLES
+from remat.passes.costs import profile as profile_pass
+from remat.passes.costs.timing import MIN_SAMPLES
 from remat.passes import torch_adapter as adapter
 
 REPO = pathlib.Path(__file__).resolve().parent.parent

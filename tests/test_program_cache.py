@@ -1,4 +1,4 @@
-"""Whole programs from AOTAutograd's cache (passes/program_cache.py): a warm compile of the
+"""Whole programs from AOTAutograd's cache (passes/cache/program_cache.py): a warm compile of the
 same graph and request loads its plan's program, nothing traced, profiled, solved or compiled;
 another budget never loads a program compiled for another plan."""
 
@@ -16,8 +16,9 @@ import remat
 import remat.backend
 from remat.errors import GIB
 from remat.measure import budget_peak
-from remat.passes import partition, program_cache
-from remat.passes.attempt import GraphSetting
+from remat.passes.decide import partition
+from remat.passes.cache import program_cache
+from remat.passes.decide.attempt import GraphSetting
 from remat.passes import torch_adapter as adapter
 from tests.conftest import budget_between, build, planned
 

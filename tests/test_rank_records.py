@@ -1,4 +1,4 @@
-"""What rank 0 sends the other ranks (passes/ranks.py), without a process group: plan records in
+"""What rank 0 sends the other ranks (passes/scope/ranks.py), without a process group: plan records in
 another rank's node names, errors rebuilt as remat's own, graph fingerprints by position."""
 
 from __future__ import annotations
@@ -9,7 +9,9 @@ import pytest
 import torch
 import torch.fx as fx
 
-from remat.passes import plan_cache, ranks
+from remat.passes.cache import plan_cache
+
+from remat.passes.scope import ranks
 from remat.solvers.errors import BudgetError, GraphError, PlanError
 from remat.solvers.plan import Request, smallest_peak, solve
 from remat.solvers.simulate import evaluate

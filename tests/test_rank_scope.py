@@ -1,4 +1,4 @@
-"""The per-rank budget's arithmetic (passes/rank_scope.py), in one process; tests/test_ranks.py
+"""The per-rank budget's arithmetic (passes/scope/rank_scope.py), in one process; tests/test_ranks.py
 measures it on two ranks under FSDP2 and DDP."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import remat
-from remat.passes import rank_scope
-from remat.passes.rank_scope import RankScope, copies_of, fsdp2_scope
+from remat.passes.scope import rank_scope
+from remat.passes.scope.rank_scope import RankScope, copies_of, fsdp2_scope
 from remat.passes.torch_adapter import FsdpGroup
 from remat.solvers.testing import random_problem
 from tests.conftest import build

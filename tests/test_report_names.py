@@ -15,7 +15,8 @@ from torch import nn
 
 import remat
 from remat.errors import GIB
-from remat.passes import fit, partition
+from remat.passes.program import fit
+from remat.passes.decide import partition
 from remat.passes import torch_adapter as adapter
 from remat.render import COLUMNS, Unit, table_unit
 from remat.report import NodeRow, Report
@@ -260,7 +261,7 @@ def test_reasons_name_other_values_as_the_user_does(planned) -> None:
 def test_docstring_examples() -> None:
     import doctest
 
-    from remat.passes import names
+    from remat.passes.capture import names
 
     result = doctest.testmod(names)
     assert result.attempted > 0 and result.failed == 0
@@ -279,7 +280,7 @@ def test_a_cached_plan_takes_its_names_from_the_graph_it_plans(tmp_path: pathlib
 
 def test_names_that_cannot_be_read_leave_node_names_and_say_so(monkeypatch: pytest.MonkeyPatch,
                                                                 caplog: pytest.LogCaptureFixture) -> None:
-    from remat.passes import names
+    from remat.passes.capture import names
 
     def unforeseen(*args: object) -> None:
         raise KeyError("nn_module_stack")

@@ -22,7 +22,7 @@ from torch import nn
 import remat
 from remat.errors import GIB
 from remat.measure import budget_peak
-from remat.passes.step import STEP
+from remat.passes.scope.step import STEP
 
 VOCAB, WIDTH, BATCH, SEQ = 512, 64, 8, 32
 

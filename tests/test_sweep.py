@@ -12,7 +12,7 @@ import pytest
 import remat
 from remat.errors import GIB
 from remat.frontier import MeasuredPlan, fastest_fitting
-from remat.passes import graph_plan, partition
+from remat.passes.decide import graph_plan, partition
 from remat.progress import progress
 from tests.conftest import build
 

@@ -1,4 +1,4 @@
-"""One classification of ops (passes/taxonomy.py), written to node.meta and read everywhere above."""
+"""One classification of ops (passes/capture/taxonomy.py), written to node.meta and read everywhere above."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from remat.passes import taxonomy
+from remat.passes.capture import taxonomy
 
 
 def categories(fn, *args) -> dict[str, str]:  # type: ignore[no-untyped-def]

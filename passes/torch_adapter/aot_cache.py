@@ -1,4 +1,4 @@
-"""AOTAutograd's cache keyed on remat's plan (``passes/program_cache.py`` uses it).
+"""AOTAutograd's cache keyed on remat's plan (``passes/cache/program_cache.py`` uses it).
 
 AOTAutograd's cache keys on the dynamo graph, its inputs and the settings, not on the saved set
 a partitioner chose. A plan's digest enters the key through an Inductor setting that holds a

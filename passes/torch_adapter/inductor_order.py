@@ -24,7 +24,7 @@ embeddings the LM head's weight gradient is added to the embedding's at the end 
 so the logits gradient stayed alive through the whole backward (the smallest-peak plan's program
 peaked 13 % above the plan). Where that holds more than it saves, remat keeps the two apart
 (``unfold``: the add becomes ``prims.add``, the same kernel, which the pattern does not match);
-elsewhere its model places the matmul where Inductor will (``passes/problem.py``).
+elsewhere its model places the matmul where Inductor will (``passes/modeling/problem.py``).
 
 ``LocalFusion`` keeps fusions from undoing the same order: no fusion spans an extern
 kernel, since the fused kernel (at its last part) would carry the earlier part's outputs, or

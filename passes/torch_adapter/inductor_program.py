@@ -1,4 +1,4 @@
-"""Inductor's generated program, read line by line (for ``passes/inductor_account.py``).
+"""Inductor's generated program, read line by line (for ``passes/program/inductor_account.py``).
 
 Part of the adapter: the private names of ``torch._inductor``'s wrapper code generation.
 

@@ -13,7 +13,7 @@ which starts, stops or nests a profiler inside a session of the caller's:
 - a step of the caller's that remat is asked to measure (``remat.measure``, bench/) runs under a
   session of remat's own (:class:`OwnSession`), only when :func:`caller_is_profiling` finds none of
   the caller's; otherwise :class:`ProfilerBusy` says so;
-- a window of the caller's own step (the eager head and loss, ``passes/eager_parts.py``) is
+- a window of the caller's own step (the eager head and loss, ``passes/scope/eager_parts.py``) is
   measured in a session of remat's own only when no profiler of the caller's runs as it opens (else
   the measurement waits for a step without one), and that session ends as the backward returns
   (:func:`when_backward_returns`), before the caller's code runs again.

@@ -24,8 +24,8 @@ from torch._functorch.partitioners import classify_nodes  # the partitioner's ow
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from remat.passes import torch_adapter as adapter
-from remat.passes.eager_compiler import compile_eager
-from remat.passes.profile import NodeCost, profile_graph
+from remat.passes.program.eager_compiler import compile_eager
+from remat.passes.costs.profile import NodeCost, profile_graph
 
 aten = torch.ops.aten
 F32 = 4  # bytes per float32 element

@@ -1,4 +1,4 @@
-"""Matmuls Inductor folds into the add that reads them (``addmm_folded``, passes/problem.py's order).
+"""Matmuls Inductor folds into the add that reads them (``addmm_folded``, passes/modeling/problem.py's order).
 
 Inductor's post-grad pattern turns ``add(mm(a, b), c)`` into ``addmm(c, a, b)`` at the add, so
 the matmul runs there and its inputs live until then. With tied embeddings the LM head's weight
@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from remat.passes import torch_adapter as adapter
-from remat.passes.problem import fixed_order
+from remat.passes.modeling.problem import fixed_order
 
 from .helpers import Captured, aten, traced_joint
 

@@ -1,5 +1,5 @@
-"""Alias folding (``storage_owner``/``fold_aliases`` in passes/problem.py, ``storage_base`` in
-passes/profile.py): a view owns no storage; its reads keep its base's storage alive, in the
+"""Alias folding (``storage_owner``/``fold_aliases`` in passes/modeling/problem.py, ``storage_base`` in
+passes/costs/profile.py): a view owns no storage; its reads keep its base's storage alive, in the
 forward (``last_use``) and in the backward (``need_start``/``need_end``)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from remat import solvers
-from remat.passes.problem import build_problem, fixed_order, recompute_step, storage_owner
-from remat.passes.profile import storage_bytes
+from remat.passes.modeling.problem import build_problem, fixed_order, recompute_step, storage_owner
+from remat.passes.costs.profile import storage_bytes
 from remat.solvers.problem import Kind
 
 from .helpers import F32, aten, analytic_costs, capture, traced_joint

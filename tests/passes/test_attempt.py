@@ -1,4 +1,4 @@
-"""One compile, one attempt (passes/attempt.py): each compile of a captured graph asks the planner
+"""One compile, one attempt (passes/decide/attempt.py): each compile of a captured graph asks the planner
 through its own Attempt, gets its own plan, and leaves nothing on the planner for the next."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import remat
-from remat.passes.attempt import Attempt, CompileStopped, GraphSetting, compile_attempt
-from remat.passes.eager_compiler import compile_eager
-from remat.passes.partition import Planner
+from remat.passes.decide.attempt import Attempt, CompileStopped, GraphSetting, compile_attempt
+from remat.passes.program.eager_compiler import compile_eager
+from remat.passes.decide.partition import Planner
 from remat.solvers.baselines import store_all
 
 

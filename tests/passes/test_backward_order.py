@@ -1,4 +1,4 @@
-"""``backward_order`` (passes/problem.py): the backward steps in the order torch runs them.
+"""``backward_order`` (passes/modeling/problem.py): the backward steps in the order torch runs them.
 
 Pinned against torch's own ``reordering_to_mimic_autograd_engine``, the pass the
 min-cut partitioner applies to every backward graph it builds: on a hand-written
@@ -14,7 +14,7 @@ import torch.fx as fx
 from torch import nn
 from torch._functorch.partitioners import reordering_to_mimic_autograd_engine
 
-from remat.passes.problem import backward_order, fixed_order
+from remat.passes.modeling.problem import backward_order, fixed_order
 
 from .helpers import aten, call_names, capture, traced_joint
 

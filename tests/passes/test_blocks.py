@@ -1,10 +1,10 @@
-"""Repeated blocks read from dynamo's module stacks (passes/taxonomy.py)."""
+"""Repeated blocks read from dynamo's module stacks (passes/capture/taxonomy.py)."""
 
 from __future__ import annotations
 
 import torch.fx as fx
 
-from remat.passes.taxonomy import indexed_module, repeated_blocks
+from remat.passes.capture.taxonomy import indexed_module, repeated_blocks
 
 
 def node_in(graph: fx.Graph, *stack: tuple[str, str]) -> fx.Node:

@@ -1,4 +1,4 @@
-"""Fusion (passes/fusion.py): the Inductor realization rule remat models.
+"""Fusion (passes/modeling/fusion.py): the Inductor realization rule remat models.
 
 A pointwise value whose readers are all pointwise ops or reductions of its own graph is
 computed inside their kernels and never allocated, unless Inductor's reuse heuristic
@@ -19,11 +19,11 @@ from torch._inductor import ir as inductor_ir
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from remat import solvers
-from remat.passes import fusion
-from remat.passes import problem as P
+from remat.passes.modeling import fusion
+from remat.passes.modeling import problem as P
 from remat.passes import torch_adapter as adapter
-from remat.passes.fusion import inlined_values
-from remat.passes.problem import build_problem, output_nodes
+from remat.passes.modeling.fusion import inlined_values
+from remat.passes.modeling.problem import build_problem, output_nodes
 
 from .helpers import aten, analytic_costs, traced_joint
 

@@ -1,4 +1,4 @@
-"""``need_intervals`` (passes/problem.py): where the backward may first and last need each
+"""``need_intervals`` (passes/modeling/problem.py): where the backward may first and last need each
 forward value, directly or through a chain of recomputed users; and how the Problem
 builder turns that into ``need_start``/``need_end``/``direct_start``/``last_use``."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from remat.passes.problem import build_problem, fixed_order, need_intervals
+from remat.passes.modeling.problem import build_problem, fixed_order, need_intervals
 from remat.solvers.problem import Kind
 
 from .helpers import F32, aten, analytic_costs, traced_joint

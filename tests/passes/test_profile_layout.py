@@ -1,11 +1,11 @@
-"""Convolutions are measured in the layout Inductor gives them (passes/profile.py, CHANNELS_LAST)."""
+"""Convolutions are measured in the layout Inductor gives them (passes/costs/profile.py, CHANNELS_LAST)."""
 
 from __future__ import annotations
 
 import torch
 from torch._functorch.aot_autograd import aot_function
 
-from remat.passes import profile
+from remat.passes.costs import profile
 
 
 def joint_graph_of_a_convolution() -> torch.fx.Graph:

@@ -1,4 +1,4 @@
-"""``realized_peak`` (passes/memory.py): the partitioned forward and backward graphs run op by
+"""``realized_peak`` (passes/modeling/memory.py): the partitioned forward and backward graphs run op by
 op, storage by storage. Graph inputs live throughout; saved values until their last backward
 read; the caller's outputs and the gradients to the end; each op's workspace at its step.
 
@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.fx as fx
 
-from remat.passes.memory import realized_peak
-from remat.passes.profile import NodeCost, profile_graph
+from remat.passes.modeling.memory import realized_peak
+from remat.passes.costs.profile import NodeCost, profile_graph
 
 aten = torch.ops.aten
 

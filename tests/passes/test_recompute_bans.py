@@ -1,5 +1,5 @@
-"""Recompute bans (``recompute_ban``/``ban_reading_written_inputs`` in passes/problem.py,
-``is_random`` in passes/taxonomy.py): what may never be recomputed, and what stays free.
+"""Recompute bans (``recompute_ban``/``ban_reading_written_inputs`` in passes/modeling/problem.py,
+``is_random`` in passes/capture/taxonomy.py): what may never be recomputed, and what stays free.
 
 Random ops: recomputing one draws new numbers, so dropout with p > 0 is kept; with p = 0 it
 draws nothing and is an ordinary op. A buffer the forward writes in place (BatchNorm's running
@@ -19,8 +19,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from remat import solvers
 from remat.passes import torch_adapter as adapter
-from remat.passes.problem import build_problem
-from remat.passes.taxonomy import is_random, node_kind
+from remat.passes.modeling.problem import build_problem
+from remat.passes.capture.taxonomy import is_random, node_kind
 from remat.solvers.model import recomputable
 
 from .helpers import aten, analytic_costs, capture
@@ -187,8 +187,8 @@ def test_inductors_random_prims_hold_no_scratch_under_inductor() -> None:
     """Inductor generates its random prims inside kernels: under its fusion they hold no scratch,
     whatever their eager kernel allocates (the graph's targets are overloads of the prims, which
     the rule once looked up as packets, and missed)."""
-    from remat.passes.problem import step_workspace
-    from remat.passes.profile import NodeCost
+    from remat.passes.modeling.problem import step_workspace
+    from remat.passes.costs.profile import NodeCost
 
     def f(x: torch.Tensor) -> torch.Tensor:
         seeds = torch.ops.prims.inductor_seeds.default(1, torch.device("cpu"))

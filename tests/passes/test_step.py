@@ -2,9 +2,9 @@
 
 import torch
 
-from remat.passes import rank_scope
-from remat.passes.eager_window import EagerParts
-from remat.passes.step import STEP, OpenGraph, Step
+from remat.passes.scope import rank_scope
+from remat.passes.scope.eager_window import EagerParts
+from remat.passes.scope.step import STEP, OpenGraph, Step
 
 keys = rank_scope.storages_of
 EMPTY = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph())  # a graph that traced nothing

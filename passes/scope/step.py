@@ -6,13 +6,13 @@ outlive one graph's compile, and :class:`Step` holds both:
 
 - the **open graphs**: those whose forward has returned and whose backward has not begun. A graph
   compiled while they are open runs beside them, so its scope counts what they hold
-  (:meth:`Step.held_beside`). Each graph's watch (``passes/eager_parts.py``) opens and closes its own
+  (:meth:`Step.held_beside`). Each graph's watch (``passes/scope/eager_parts.py``) opens and closes its own
   entry on the first step;
 - the **eager windows measured** after each graph, by the graph's fingerprint: a graph compiled again
   in this process (another ``remat.compile`` or ``remat.plan`` of the model) counts what an earlier
   step measured after it (:meth:`Step.eager_after`).
 
-``STEP`` is the process's step; ``passes/rank_scope.py`` reads it to build a graph's scope.
+``STEP`` is the process's step; ``passes/scope/rank_scope.py`` reads it to build a graph's scope.
 """
 
 from __future__ import annotations

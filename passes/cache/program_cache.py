@@ -41,11 +41,13 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from . import plan_cache, ranks
-from . import torch_adapter as adapter
-from .attempt import Attempt, CompileStopped, GraphSetting, compile_attempt
-from .graph_plan import GraphPlan
-from .partition import Planner
+from . import plan_cache
+
+from ..scope import ranks
+from .. import torch_adapter as adapter
+from ..decide.attempt import Attempt, CompileStopped, GraphSetting, compile_attempt
+from ..decide.graph_plan import GraphPlan
+from ..decide.partition import Planner
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from remat.solvers.plan import Request
 
-from .policies import Policy
+from ..modeling.policies import Policy
 
 
 @dataclass(frozen=True)
@@ -18,10 +18,10 @@ class PlanRequest:
     - ``profile``: "measure" (time every op on its device) or "analytic".
     - ``compiler``: "inductor" or "eager" (the partitioned graphs run op by op).
     - ``plan_cache``: the folder plans are kept in, or ``None`` (off).
-    - ``cost_cache``: the folder of the measured op cost table (``passes/cost_table.py``), or ``None``.
+    - ``cost_cache``: the folder of the measured op cost table (``passes/cache/cost_table.py``), or ``None``.
     - ``policy``: decisions pinned before the solve (``remat.policies``), or ``None``.
     - ``checkpoint_regions``: "recompute" (the policy already pins them) or "plan".
-    - ``budget_scope``: "auto", "rank" or "graph" (``passes/rank_scope.py``).
+    - ``budget_scope``: "auto", "rank" or "graph" (``passes/scope/rank_scope.py``).
     """
 
     solve: Request = field(default_factory=Request)

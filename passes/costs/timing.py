@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from . import torch_adapter as adapter
+from .. import torch_adapter as adapter
 
 # Decisions must not follow timing noise: two processes (or two ranks) that time an op
 # differently would choose different plans. The fastest of several runs is what the op

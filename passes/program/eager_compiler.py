@@ -13,8 +13,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from . import torch_adapter as adapter
-from .torch_adapter import GraphHook
+from .. import torch_adapter as adapter
+from ..torch_adapter import GraphHook
 
 
 def traced_layout(value: Any, traced: Any) -> Any:

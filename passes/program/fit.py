@@ -33,11 +33,11 @@ from remat.solvers.plan import budget_error, min_budget_bytes
 from remat.solvers.solution import Solution
 
 from . import inductor_account as account
-from . import torch_adapter as adapter
-from .attempt import Attempt, CompileStopped, GraphSetting, choosing
-from .graph_plan import GraphPlan
+from .. import torch_adapter as adapter
+from ..decide.attempt import Attempt, CompileStopped, GraphSetting, choosing
+from ..decide.graph_plan import GraphPlan
 from .known_programs import KNOWN, ProgramAccount
-from .partition import Planner
+from ..decide.partition import Planner
 
 log = logging.getLogger(__name__)
 MAX_TIGHTENED = 3  # plans compiled toward the target before the two fall-backs below
@@ -168,7 +168,7 @@ def compile_unless_known(gm: fx.GraphModule, example_inputs: Sequence[Any], plan
                          compile_graph: Compile, *, fits_too: bool = True) -> tuple[Callable[..., Any] | None,
                                                                                      GraphPlan | None, int]:
     """:func:`compile_once`, except where the plan made is one whose program this process compiled
-    already (``passes/known_programs.py``) and that program misses the plan's target (any known
+    already (``passes/program/known_programs.py``) and that program misses the plan's target (any known
     program, with ``fits_too`` off): then no compile, None for the callable, and that program's
     peak (the plan is not kept)."""
     def wanted(plan: GraphPlan) -> bool:
@@ -316,7 +316,7 @@ def compile_recorded(gm: fx.GraphModule, example_inputs: Sequence[Any], planner:
     """Compile a copy of ``gm``; the callable, the plan it got (its Inductor seconds recorded;
     None for an inference graph, which has no backward to plan) and the programs Inductor
     generated for it (none when its cache had them)."""
-    # the program's AOTAutograd cache entry, kept unwritten until its plan is accepted (passes/program_cache.py)
+    # the program's AOTAutograd cache entry, kept unwritten until its plan is accepted (passes/cache/program_cache.py)
     recording = adapter.recording_program_entries() if attempt.setting.record_programs else contextlib.nullcontext([])
     # (recording inside the chooser's settings, which turn AOTAutograd's cache off for any other compile)
     with account.capture_programs() as programs, choosing(planner, attempt), recording as entries:

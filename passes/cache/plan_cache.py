@@ -32,8 +32,8 @@ import torch.fx as fx
 
 from remat.solvers.problem import Problem, problem_from_dict, problem_to_dict
 
-from . import torch_adapter as adapter
-from .request import PlanRequest
+from .. import torch_adapter as adapter
+from ..decide.request import PlanRequest
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class CachedPlan:
 
 
 def entry_of(plan: Any) -> CachedPlan:
-    """The cache entry for a ``GraphPlan`` (passes/partition.py)."""
+    """The cache entry for a ``GraphPlan`` (passes/decide/partition.py)."""
     solution = plan.solution
     facts = {name: getattr(solution, name) for name in SOLUTION_FACTS}
     facts["status"], facts["notes"] = solution.status.value, list(solution.notes)
@@ -115,7 +115,7 @@ def graph_fingerprint(graph: fx.Graph, *, by_position: bool = False) -> str:
     """A hash of the graph's ops, edges and every value's shape, stride and dtype.
 
     Nodes go by name (a plan names the nodes it keeps), or ``by_position``: equal on ranks
-    that traced the same code whatever names their traces gave (``passes/ranks.py``)."""
+    that traced the same code whatever names their traces gave (``passes/scope/ranks.py``)."""
     label = {node: f"%{i}" if by_position else f"%{node.name}" for i, node in enumerate(graph.nodes)}
     digest = hashlib.sha256()
     for node in graph.nodes:
@@ -203,7 +203,7 @@ def _entry_to_plan(entry: dict[str, Any], key: dict[str, Any]) -> CachedPlan:
 
 def record_of(plan: CachedPlan) -> dict[str, Any]:
     """``plan`` as JSON-able data: what a cache file holds besides its key and checksum (and what
-    rank 0 sends the other ranks, ``passes/ranks.py``)."""
+    rank 0 sends the other ranks, ``passes/scope/ranks.py``)."""
     return {"saved": sorted(plan.saved), "recomputed": sorted(plan.recomputed), "random": sorted(plan.random),
             "target": plan.target, "solution": plan.solution, "notes": list(plan.notes), "figures": plan.figures,
             "compiled_peak": plan.compiled_peak, "handoff": plan.handoff, "problem": problem_to_dict(plan.problem)}
@@ -250,7 +250,9 @@ def plan_sources() -> list[Path]:
     included) and of the solvers."""
     import remat.solvers
 
-    folders = (Path(__file__).parent, Path(remat.solvers.__file__).parent)
+    import remat.passes
+
+    folders = (Path(remat.passes.__file__).parent, Path(remat.solvers.__file__).parent)
     return [path for folder in folders for path in sorted(folder.rglob("*.py"))]
 
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 import torch
 import torch.fx as fx
 
-from . import torch_adapter as adapter
+from .. import torch_adapter as adapter
 
 CATEGORY = "remat_category"
 _aten = torch.ops.aten

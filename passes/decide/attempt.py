@@ -4,7 +4,7 @@ torch's partitioner asks for a joint graph's saved values from deep inside ``tor
 answers through a hook installed for the length of one compile (``adapter.saved_values_chooser``).
 Each compile gets an :class:`Attempt` of its own: the hook it installs is the planner's chooser
 bound to that attempt, and the graphs torch partitions for it are checked against that attempt's
-plan. So whatever the fitting loop (``passes/fit.py``), the program cache or the backend compile,
+plan. So whatever the fitting loop (``passes/program/fit.py``), the program cache or the backend compile,
 the plan of a compile is ``attempt.plan``, and nothing about one compile is left on the planner
 for the next.
 """
@@ -22,17 +22,17 @@ import torch.fx as fx
 
 from remat.solvers.errors import PlanError
 
-from . import torch_adapter as adapter
+from .. import torch_adapter as adapter
 from .graph_plan import GraphPlan
-from .memory import realized_peak, recomputed_in
-from .rank_scope import RankScope
+from ..modeling.memory import realized_peak, recomputed_in
+from ..scope.rank_scope import RankScope
 
 log = logging.getLogger(__name__)
 Compile = Callable[..., Callable[..., Any]]
 
 
 class Chooser(Protocol):
-    """What answers torch's partitioner for an attempt: ``passes/partition.py``'s ``Planner``."""
+    """What answers torch's partitioner for an attempt: ``passes/decide/partition.py``'s ``Planner``."""
 
     def choose(self, attempt: Attempt, joint_graph: fx.Graph, node_info: Any) -> list[fx.Node]: ...
 
@@ -63,10 +63,10 @@ class GraphSetting:
     scope: RankScope | None = None  # the rank's (or the process's step's) memory outside the graph
     # bytes of the compiled module's parameters and buffers the graph does not read (held all the same)
     unread_state: int = 0
-    input_names: dict = field(default_factory=dict)  # the graph's inputs by the user's names (passes/names.py)
+    input_names: dict = field(default_factory=dict)  # the graph's inputs by the user's names (passes/capture/names.py)
     # under torch.distributed, on ranks other than 0: rank 0's plan record and its joint graph's node names
     given: tuple[dict, list[str]] | None = None
-    record_programs: bool = False  # record AOTAutograd's cache entry of each program (passes/program_cache.py)
+    record_programs: bool = False  # record AOTAutograd's cache entry of each program (passes/cache/program_cache.py)
     # what its programs follow from besides the plan (passes/known_programs.identity), read once where
     # the backend compiles with Inductor, before remat's own Inductor settings; "" elsewhere
     program: str = ""

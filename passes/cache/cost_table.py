@@ -4,7 +4,7 @@ One JSON file per device and torch version (never pickle), in the cost folder:
 ``REMAT_COST_CACHE`` names it (``0``/``off`` turns the table off); unset, it is
 ``costs/`` inside the plan cache's folder, and off when the plan cache is off.
 An entry is keyed by the op's signature (op, shapes, strides, dtypes, non-tensor
-arguments: :func:`remat.passes.profile.cache_key`) and holds what the profiler
+arguments: :func:`remat.passes.costs.profile.cache_key`) and holds what the profiler
 measured: seconds, FLOPs, workspace bytes. A file that does not parse, fails its
 checksum or was made for another device or torch is ignored with a warning and
 replaced. Loading costs from another process is what makes two processes (two

@@ -21,8 +21,8 @@ from enum import Enum
 
 import torch.fx as fx
 
-from . import taxonomy
-from . import torch_adapter as adapter
+from ..capture import taxonomy
+from .. import torch_adapter as adapter
 
 
 class Pin(str, Enum):

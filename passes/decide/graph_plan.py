@@ -1,7 +1,7 @@
 """The record of one graph's plan, and the figures computed when first read.
 
 :class:`GraphPlan` is what remat decided, predicted and learned for one joint graph
-(``passes/partition.py`` makes it, ``passes/fit.py`` adds its compiled program's account,
+(``passes/decide/partition.py`` makes it, ``passes/program/fit.py`` adds its compiled program's account,
 ``remat/report.py`` reads it). The smallest feasible budget, torch's own min-cut plan and the
 peers' rules are computed only when a report reads them.
 """
@@ -19,10 +19,10 @@ from remat.solvers.plan import Lowest, Once, min_budget_bytes, peer_plan, score_
 from remat.solvers.problem import Problem
 from remat.solvers.solution import Solution
 
-from . import torch_adapter as adapter
-from .known_programs import ProgramAccount
-from .names import NodeName
-from .rank_scope import RankScope
+from .. import torch_adapter as adapter
+from ..program.known_programs import ProgramAccount
+from ..capture.names import NodeName
+from ..scope.rank_scope import RankScope
 from .request import PlanRequest
 
 Figures = Callable[[], dict[str, object]]
@@ -61,7 +61,7 @@ class GraphPlan:
     rank: int = 0  # under torch.distributed: this process's rank, and how many ranks agreed on the plan
     world_size: int = 1
     node_order: list[str] = field(default_factory=list)  # the joint graph's node names, in order
-    # the user's names for its nodes, by node name: module, parameter, source line (passes/names.py)
+    # the user's names for its nodes, by node name: module, parameter, source line (passes/capture/names.py)
     names: dict[str, NodeName] = field(default_factory=dict)
     scope: RankScope | None = None  # what the rank holds outside the graph, under a per-rank budget
     realized_peak_bytes: int | None = None
@@ -69,9 +69,9 @@ class GraphPlan:
     deferred: list[tuple[tuple[str, ...], Figures]] = field(default_factory=list)
     graphs: dict[str, fx.GraphModule] = field(default_factory=dict)
     # AOTAutograd's cache entry for the plan's program, made while it compiled and not yet written
-    # (passes/program_cache.py writes it under the plan's key once the plan is accepted)
+    # (passes/cache/program_cache.py writes it under the plan's key once the plan is accepted)
     program_entry: object | None = None
-    # adds whose matmul Inductor would fold into them, kept apart (passes/problem.py, fold_holds_more)
+    # adds whose matmul Inductor would fold into them, kept apart (passes/modeling/problem.py, fold_holds_more)
     unfolded: frozenset[str] = frozenset()
 
     @property

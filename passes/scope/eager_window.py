@@ -2,7 +2,7 @@
 
 :class:`EagerWindow` measures one window (the peak it allocates above where it opened, what it leaves
 alive and what it frees), :func:`measure_loss` runs a loss alone as such a window (``remat.plan(...,
-loss_fn=)``), and :class:`EagerParts` is what either measured. ``passes/eager_parts.py`` counts them.
+loss_fn=)``), and :class:`EagerParts` is what either measured. ``passes/scope/eager_parts.py`` counts them.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from . import torch_adapter as adapter
-from .measure import peak_of_events
+from .. import torch_adapter as adapter
+from ..program.measure import peak_of_events
 
 UNKNOWN = -1  # a window not measured (no backward followed the forward)
 DEFERRED = -2  # a window not measured because a profiler of the caller's was running: a later step measures

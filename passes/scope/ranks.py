@@ -33,8 +33,8 @@ import torch.fx as fx
 
 from remat.solvers.errors import BudgetError, GraphError, PlanError
 
-from . import plan_cache
-from . import torch_adapter as adapter
+from ..cache import plan_cache
+from .. import torch_adapter as adapter
 
 log = logging.getLogger(__name__)
 

@@ -30,12 +30,12 @@ from typing import Any, Literal
 import torch
 import torch.fx as fx
 
-from .progress import progress
+from ..progress import progress
 
-from . import torch_adapter as adapter
-from .devices import DeviceSpec, planned_for
-from .cost_table import CostTable, signature
-from .taxonomy import is_alias, node_kind
+from .. import torch_adapter as adapter
+from ..devices import DeviceSpec, planned_for
+from ..cache.cost_table import CostTable, signature
+from ..capture.taxonomy import is_alias, node_kind
 from .timing import MIN_SAMPLES, caller_rng_kept, count_flops, measure_workspace, time_call
 
 log = logging.getLogger(__name__)
@@ -244,7 +244,7 @@ def op_cost(node: fx.Node, mode: Mode, device: torch.device, cache: TimingCache,
     result: tuple[float, float, int, bool] | None = None
     if adapter.is_collective(node):
         # never run alone: its peers are not running it (a rank waiting for rank 0's plan,
-        # passes/ranks.py, would leave rank 0 blocked in it); costed as the bytes it moves
+        # passes/scope/ranks.py, would leave rank 0 blocked in it); costed as the bytes it moves
         result = (analytic_seconds(0.0, moved_bytes(node), peaks), 0.0, 0, False)
     elif mode == "measure":
         try:

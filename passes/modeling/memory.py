@@ -16,7 +16,7 @@ import torch.fx as fx
 from remat.solvers.problem import Kind, Problem, Value
 from remat.solvers.simulate import timeline
 
-from .profile import multi_output_parent, storage_base, storage_bytes
+from ..costs.profile import multi_output_parent, storage_base, storage_bytes
 
 
 @dataclass

@@ -19,8 +19,8 @@ import torch.fx as fx
 
 from remat.solvers.problem import Kind
 
-from . import torch_adapter as adapter
-from .profile import NodeCost, multi_output_parent
+from .. import torch_adapter as adapter
+from ..costs.profile import NodeCost, multi_output_parent
 
 if TYPE_CHECKING:
     from .problem import Order

@@ -18,12 +18,12 @@ import torch.fx as fx
 
 from remat.solvers.problem import Kind, Problem, Value
 
-from . import torch_adapter as adapter
+from .. import torch_adapter as adapter
 from .fusion import (apply_fusion, early_inlining, end_before, fusion_sets, produced_at, read_where_inlined,
                      reused_in_place, widen_need)
-from .profile import DevicePeaks, NodeCost, device_of, multi_output_parent
+from ..costs.profile import DevicePeaks, NodeCost, device_of, multi_output_parent
 from .policies import Pin, Policy, Verdict, with_safety
-from .taxonomy import CATEGORY, classify, repeated_blocks
+from ..capture.taxonomy import CATEGORY, classify, repeated_blocks
 
 # Recomputing a pointwise op that Inductor fuses into its consumer costs a
 # fraction of running it alone: its inputs are read anyway, its output is

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from . import torch_adapter as adapter
+from .. import torch_adapter as adapter
 
 
 def tensor_bytes(tensors: Iterable[Any]) -> int:

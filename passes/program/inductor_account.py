@@ -34,7 +34,7 @@ import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from . import torch_adapter as adapter
+from .. import torch_adapter as adapter
 
 __all__ = ["Program", "StepAccount", "capture_programs", "step_account"]
 

@@ -5,7 +5,7 @@ wrapper (:func:`wrapper_scope`) or the single process's step (:func:`process_sco
 step counts alike (:func:`step_scope`): what torch's tracing keeps alive for the graph
 (:func:`traced_storages`) and the eager code after it, as measured after this graph on an earlier
 step of this process (``step.STEP``), else reserved (:func:`reserved_eager_bytes`) until the
-graph's first step measures it (``passes/eager_parts.py``).
+graph's first step measures it (``passes/scope/eager_parts.py``).
 
 Under FSDP2 or DDP a compiled graph is one part of a rank's training step. While the last of
 L identical blocks runs its backward, the other L-1 blocks still hold their kept activations
@@ -36,7 +36,7 @@ import torch.fx as fx
 
 from remat.solvers.problem import Part, Problem
 
-from . import torch_adapter as adapter
+from .. import torch_adapter as adapter
 from .eager_window import EagerParts
 from .step import STEP
 
@@ -53,7 +53,7 @@ class RankScope:
     - ``copy_input_bytes``: the copies' activation inputs, which their backwards read;
     - ``eager_bytes``: what the eager code between the graph's last forward and its first
       backward (a model's head and loss) allocates above what it found, measured on the first
-      step (``passes/eager_parts.py``); until then 0 under FSDP2 and DDP, and a reservation in a
+      step (``passes/scope/eager_parts.py``); until then 0 under FSDP2 and DDP, and a reservation in a
       single process (``eager_reserved``);
     - ``eager_after_bytes``: what that eager code leaves alive through the backward besides the
       outputs' gradients (the loss, a head's outputs the caller keeps), counted at every step;
@@ -152,7 +152,7 @@ def step_scope(gm: fx.GraphModule, example_inputs: Sequence[Any], scope: RankSco
     step of this process (the step object's), else reserved until the graph's first step measures it
     (after a block compiled one by one, the model's head and loss: the block's outputs as wide as the
     head makes them). ``modules``: those being called, innermost first."""
-    from .plan_cache import graph_fingerprint
+    from ..cache.plan_cache import graph_fingerprint
 
     graph = graph_fingerprint(gm.graph, by_position=True)
     traced = sum(traced_storages(gm, example_inputs).values())

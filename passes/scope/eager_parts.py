@@ -4,7 +4,7 @@ Code that no compiled graph holds runs between a graph's forward and its backwar
 outside the model, graph-break code and the graphs after a break, a head left uncompiled, and under
 FSDP2 per-block compiles the model's embedding, head and loss. Their memory is in no graph. So on the
 first step each graph's compiled callable (:class:`EagerWatch`) measures that window
-(``passes/eager_window.py``): the peak allocated above what the graph's last forward call left, until
+(``passes/scope/eager_window.py``): the peak allocated above what the graph's last forward call left, until
 the gradient of its output arrives, what it leaves alive through the backward and what it freed; the
 forward calls made before that backward (a block compiled once, called per layer); and the state of
 other graphs that ran inside it. At the graph's next call (every rank, under torch.distributed, taking
@@ -30,7 +30,7 @@ from remat.solvers.errors import BudgetError, format_bytes
 from remat.solvers.model import outside_with_copies
 from remat.solvers.problem import Kind
 from remat.solvers.simulate import timeline
-from .fit import compiled_rank_peak
+from ..program.fit import compiled_rank_peak
 from .eager_window import (  # noqa: F401  (re-exported: the watch's vocabulary)
     DEFERRED,
     UNKNOWN,
@@ -40,7 +40,7 @@ from .eager_window import (  # noqa: F401  (re-exported: the watch's vocabulary)
     peak_between_marks,
     window_of,
 )
-from .graph_plan import MIN_FEASIBLE, STEP_NOTE, defer_min_feasible, scope_note
+from ..decide.graph_plan import MIN_FEASIBLE, STEP_NOTE, defer_min_feasible, scope_note
 from .rank_scope import storages_of
 from .ranks import largest_on_any_rank
 from .step import STEP, OpenGraph
@@ -265,7 +265,7 @@ def remember(scope: Any) -> None:
 
 def remember_measured(gm: Any, measured: EagerParts) -> None:
     """A window measured for the dynamo graph ``gm`` (``measure_loss``), for its scope to count."""
-    from .plan_cache import graph_fingerprint
+    from ..cache.plan_cache import graph_fingerprint
 
     STEP.remember(graph_fingerprint(gm.graph, by_position=True), measured)
 

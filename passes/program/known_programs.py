@@ -1,6 +1,6 @@
 """The accounts of programs Inductor generated in this process, by graph and decision.
 
-The fitting loop (``passes/fit.py``) compiles a plan to learn what its program peaks at. A
+The fitting loop (``passes/program/fit.py``) compiles a plan to learn what its program peaks at. A
 notebook plans a model, sweeps its budgets, then compiles it: each step used to compile again
 the programs the one before had compiled (the smallest-peak plan's above all, for the smallest
 feasible budget). A program follows from the captured graph, its inputs, Inductor's settings and
@@ -25,8 +25,8 @@ import torch.fx as fx
 
 from remat.solvers.solution import Solution
 
-from . import plan_cache
-from . import torch_adapter as adapter
+from ..cache import plan_cache
+from .. import torch_adapter as adapter
 
 CAPACITY = 256  # programs remembered; a fitting loop compiles at most six per graph
 

@@ -2,7 +2,7 @@
 
 :class:`Planner` is what torch's partitioner calls (through
 ``torch_adapter.saved_values_chooser``, installed for one compile by
-``passes/attempt.py``) for each joint graph: it profiles the graph, builds the
+``passes/decide/attempt.py``) for each joint graph: it profiles the graph, builds the
 :class:`Problem`, solves it under the budget and hands back the nodes to save. torch
 then builds the forward and backward graphs, recomputing in the backward every forward
 value it needs and was not handed, just before its first use. When those graphs arrive
@@ -28,17 +28,19 @@ from remat.solvers.problem import Problem
 from remat.solvers.simulate import evaluate
 from remat.solvers.solution import Solution, Status
 
-from . import plan_cache, ranks
-from . import torch_adapter as adapter
+from ..cache import plan_cache
+
+from ..scope import ranks
+from .. import torch_adapter as adapter
 from .attempt import Attempt, GraphSetting
-from .rank_scope import RankScope
-from .known_programs import ProgramAccount
+from ..scope.rank_scope import RankScope
+from ..program.known_programs import ProgramAccount
 from .graph_plan import (MIN_CUT, MIN_FEASIBLE, NO_MIN_CUT, PEER_RULES, GraphPlan, MinCut, defer_min_feasible,
                          min_cut_candidates, min_cut_figures, one_line, scope_note, torch_min_cut)
-from .names import names_of
-from .policies import in_checkpoint_region
-from .problem import build_problem, unfolded_adds
-from .profile import SHARED_TIMINGS, profile_graph
+from ..capture.names import names_of
+from ..modeling.policies import in_checkpoint_region
+from ..modeling.problem import build_problem, unfolded_adds
+from ..costs.profile import SHARED_TIMINGS, profile_graph
 from .request import PlanRequest
 
 log = logging.getLogger(__name__)
@@ -61,7 +63,7 @@ def nodes_to_save(graph: fx.Graph, node_info: adapter.NodeInfo, solution: Soluti
 class Planner:
     """What every compile of one model shares: the request, the plan cache, measured op costs,
     smallest-peak plans by problem (compiled programs' peaks are the process's:
-    ``passes/known_programs.py``). Each compile asks it for a plan through its own :class:`Attempt` (``choose``)."""
+    ``passes/program/known_programs.py``). Each compile asks it for a plan through its own :class:`Attempt` (``choose``)."""
 
     def __init__(self, request: PlanRequest) -> None:
         self.request = request
@@ -85,7 +87,7 @@ class Planner:
         # sizes are pinned (guarded), so another size compiles and plans anew.
         specialized = self.request.budget_bytes is not None and adapter.specialize_sizes(joint_graph)
         forward = {n.name for n in joint_graph.nodes if node_info.is_required_fw(n)}
-        if attempt.replay is not None:  # the same graph compiled again (passes/fit.py): the same plan
+        if attempt.replay is not None:  # the same graph compiled again (passes/program/fit.py): the same plan
             plan = attempt.replay
             plan.graphs = {}
         elif setting.given is not None:
@@ -98,7 +100,7 @@ class Planner:
                 raise attempt.stop("unwanted")
         plan.node_order = [n.name for n in joint_graph.nodes]
         plan.names = names_of(joint_graph, setting.input_names)  # read from this graph: a cached plan's may differ
-        if self.request.compiler == "inductor":  # the adds whose matmul Inductor must not fold (passes/problem.py)
+        if self.request.compiler == "inductor":  # the adds whose matmul Inductor must not fold (passes/modeling/problem.py)
             plan.unfolded = unfolded_adds(joint_graph, node_info)
         plan.scope = setting.scope
         self.note_rank(plan)
@@ -119,7 +121,7 @@ class Planner:
 
     def plan_given(self, given: tuple[dict, list[str]], joint_graph: fx.Graph, node_info: adapter.NodeInfo,
                    forward: set[str]) -> GraphPlan:
-        """The plan rank 0 compiled for this graph (``passes/ranks.py``), nothing profiled or solved."""
+        """The plan rank 0 compiled for this graph (``passes/scope/ranks.py``), nothing profiled or solved."""
         record, names = given
         cached = plan_cache.plan_of_record(ranks.in_own_names(record, names, joint_graph))
         plan = self.plan_from_cache(cached, forward, torch_min_cut(joint_graph, node_info))

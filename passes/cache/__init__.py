@@ -1,0 +1,1 @@
+"""What one process leaves the next: plans, measured op costs and whole compiled programs, on disk."""
