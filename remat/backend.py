@@ -126,8 +126,10 @@ class RematBackend:
     def compile(self, gm: fx.GraphModule, example_inputs: Sequence[Any], setting: GraphSetting) -> Fitted:
         """Plan and compile one captured graph (with the plan rank 0 gave, where ``setting`` has one);
         ``setting.record_programs``: load and publish whole programs (``passes/cache/program_cache.py``)."""
-        if is_meta(example_inputs) and self.options.compiler == "inductor" and generates_on_fakes(planned_device()):
-            # the device's program is generated for fake inputs (nothing allocated or run) and accounted for
+        if is_meta(example_inputs) and self.options.compiler == "inductor" and self.stop_after_plan \
+                and generates_on_fakes(planned_device()):
+            # planning only: the device's program is generated for fake inputs (nothing allocated or
+            # run) and accounted for; a program that is to run on meta inputs cannot be the device's
             gm, example_inputs = on_fake_device(gm, example_inputs, planned_device().kind)
         if self.options.compiler == "eager" or is_meta(example_inputs):
             # on meta for a device whose program cannot be generated here: the plan is the
