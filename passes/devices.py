@@ -115,9 +115,9 @@ def planned_device() -> DeviceSpec:
     return planned_for() or cpu_spec()
 
 
-def generates_on_fakes(spec: DeviceSpec) -> bool:
-    """Whether Inductor's program for ``spec`` can be generated here for fake inputs (nothing run),
-    so that a meta plan is judged by the program as on the device: for the CPU, whose code generation
-    is C++. A GPU's Triton code generation reads the GPU it compiles for, so a meta plan for one
-    stays the FX-level model's."""
-    return spec.kind == "cpu"
+def program_accounted(compiler: str, spec: DeviceSpec | None) -> bool:
+    """Whether a plan is judged by the program Inductor generates for it: under Inductor on the real
+    device (``spec`` None), or on meta for a device whose program can be generated here for fake
+    inputs (nothing run): the CPU, whose code generation is C++. A GPU's Triton code generation reads
+    the GPU it compiles for, so a meta plan for one stays the FX-level model's."""
+    return compiler == "inductor" and (spec is None or spec.kind == "cpu")

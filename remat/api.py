@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import torch
 
 from remat.passes import torch_adapter as adapter
-from remat.passes.devices import DeviceSpec, device_spec, generates_on_fakes, planning_for
+from remat.passes.devices import DeviceSpec, device_spec, planning_for, program_accounted
 from remat.passes.decide.attempt import CompileStopped
 from remat.passes.torch_adapter.meta_capture import is_meta
 from remat.passes.capture.torch_errors import capture_problem, without_interpreter_note
@@ -265,11 +265,11 @@ def captured_on_meta(model: Callable[..., Any], inputs: tuple[Any, ...], options
 
 def meta_program_note(compiler: str, spec: DeviceSpec) -> str:
     """What a meta plan's peaks are: the FX-level model's, or the program Inductor generated for the device."""
-    if compiler != "inductor":
-        return "every figure is the FX-level model"
-    if generates_on_fakes(spec):
+    if program_accounted(compiler, spec):
         return ("the compiled peaks are the program Inductor generates for this device, compiled for fake "
                 "inputs (nothing run); a C++ kernel's own scratch is unknown on meta (0)")
+    if compiler != "inductor":
+        return "every figure is the FX-level model"
     return ("every figure is the FX-level model (with Inductor's fusion): Inductor's program for this device "
             "needs its code generation there, so none is accounted for")
 

@@ -19,7 +19,7 @@ from remat.solvers.errors import GraphError
 from remat.passes.program.eager_compiler import compile_eager
 from remat.passes.scope import eager_parts, rank_scope, ranks
 from remat.passes.cache import plan_cache, program_cache
-from remat.passes.devices import generates_on_fakes, planned_device
+from remat.passes.devices import planned_device, program_accounted
 from remat.passes.torch_adapter.meta_capture import captured_as_on, is_meta, on_fake_device
 from remat.passes.decide.attempt import Attempt, CompileStopped, GraphSetting, compile_attempt
 from remat.passes.program.fit import Fitted, compile_fitted, compile_given, defer_min_feasible
@@ -126,8 +126,8 @@ class RematBackend:
     def compile(self, gm: fx.GraphModule, example_inputs: Sequence[Any], setting: GraphSetting) -> Fitted:
         """Plan and compile one captured graph (with the plan rank 0 gave, where ``setting`` has one);
         ``setting.record_programs``: load and publish whole programs (``passes/cache/program_cache.py``)."""
-        if is_meta(example_inputs) and self.options.compiler == "inductor" and self.stop_after_plan \
-                and generates_on_fakes(planned_device()):
+        if is_meta(example_inputs) and self.stop_after_plan and program_accounted(self.options.compiler,
+                                                                                    planned_device()):
             # planning only: the device's program is generated for fake inputs (nothing allocated or
             # run) and accounted for; a program that is to run on meta inputs cannot be the device's
             gm, example_inputs = on_fake_device(gm, example_inputs, planned_device().kind)

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from remat.passes.devices import DeviceSpec, device_spec, generates_on_fakes
+from remat.passes.devices import DeviceSpec, device_spec, program_accounted
 from remat.passes.decide.graph_plan import GraphPlan, plan_at
 from remat.solvers.errors import format_bytes
 
@@ -182,7 +182,7 @@ def point_at(size: int, model: torch.nn.Module | Callable[[int], torch.nn.Module
     t0 = time.perf_counter()
     module = model if isinstance(model, torch.nn.Module) else model(size)
     inputs = tuple(make_inputs(size))
-    if programs_decide(options, device):
+    if program_accounted(options.compiler, None if device is None else device_spec(device)):
         base, at_budget = compiled_at(module, inputs, options, budgeted, device)
     else:
         base = captured(module, inputs, options, device=device, dynamic=False).plans[0]
@@ -202,12 +202,6 @@ def point_at(size: int, model: torch.nn.Module | Callable[[int], torch.nn.Module
         checkpoint_blocks_added_seconds=None if blocks is None else float(blocks["overhead_seconds"]),
         capture_seconds=time.perf_counter() - t0)
     return point, at_budget, base
-
-
-def programs_decide(options: Options, device: str | DeviceSpec | None) -> bool:
-    """Whether a size fits by the program Inductor generates for it (as ``remat.compile`` decides):
-    under Inductor on the real device, or on meta for a device whose program is generated here."""
-    return options.compiler == "inductor" and (device is None or generates_on_fakes(device_spec(device)))
 
 
 def compiled_at(module: torch.nn.Module, inputs: tuple[Any, ...], options: Options, budgeted: Options,

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from torch._C import DispatchKey
+from torch.fx.node import map_aggregate
 
 SDPA = torch.ops.aten.scaled_dot_product_attention.default
 MATH, FLASH, EFFICIENT = 0, 1, 2  # torch's SDPBackend values, as _fused_sdp_choice returns them
@@ -165,13 +166,7 @@ def on_fake_device(gm: torch.fx.GraphModule, example_inputs: list[Any],
     device = torch.device(kind)
 
     def moved(value: Any) -> Any:
-        if isinstance(value, torch.device) and value.type == "meta":
-            return device
-        if isinstance(value, (list, tuple)):
-            return type(value)(moved(v) for v in value)
-        if isinstance(value, dict):
-            return {k: moved(v) for k, v in value.items()}
-        return value
+        return device if isinstance(value, torch.device) and value.type == "meta" else value
 
     def fake(value: Any) -> Any:
         if not isinstance(value, torch.Tensor) or value.device.type != "meta":
@@ -183,6 +178,6 @@ def on_fake_device(gm: torch.fx.GraphModule, example_inputs: list[Any],
 
     moved_gm = copy.deepcopy(gm)
     for node in moved_gm.graph.nodes:
-        node.args, node.kwargs = moved(node.args), moved(node.kwargs)
+        node.args, node.kwargs = map_aggregate(node.args, moved), map_aggregate(node.kwargs, moved)
     moved_gm.recompile()
     return moved_gm, [fake(v) for v in example_inputs]
