@@ -255,11 +255,11 @@ def captured_on_meta(model: Callable[..., Any], inputs: tuple[Any, ...], options
     with planning_for(spec):
         capture(model, inputs, backend, fullgraph=True, dynamic=dynamic)
     graph_plan = backend.plans[0]
-    graph_plan.problem.meta["device"] = f"meta:{spec.name}"
-    graph_plan.notes.append(
+    # (the device is read by the report only: not part of the problem's key)
+    problem = dataclasses.replace(graph_plan.problem, meta={**graph_plan.problem.meta, "device": f"meta:{spec.name}"})
+    backend.superseded(graph_plan, graph_plan.revised(problem=problem).noted(
         f"planned on the meta device for {spec.name}: sizes exact from shapes, times analytic (FLOPs and bytes "
-        f"over the device's peaks); " + meta_program_note(options.compiler, spec))
-    backend.built.clear()
+        f"over the device's peaks); " + meta_program_note(options.compiler, spec)))
     return backend
 
 

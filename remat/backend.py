@@ -22,7 +22,7 @@ from remat.passes.cache import plan_cache, program_cache
 from remat.passes.devices import planned_device, program_accounted
 from remat.passes.torch_adapter.meta_capture import captured_as_on, is_meta, on_fake_device
 from remat.passes.decide.attempt import Attempt, CompileStopped, GraphSetting, compile_attempt
-from remat.passes.program.fit import Fitted, compile_fitted, compile_given, defer_min_feasible
+from remat.passes.program.fit import Fitted, compile_fitted, compile_given, with_compiled_min_feasible
 from remat.passes.decide.graph_plan import GraphPlan
 from remat.passes.program.known_programs import identity
 from remat.passes.capture.names import names_of_inputs
@@ -99,8 +99,9 @@ class RematBackend:
             return compiled
         # the eager code around the graph (head, loss) is measured on the first step, counted from the next
         return eager_parts.EagerWatch(compiled, plan,
-                                      lambda eager: self.replanned(gm, example_inputs, setting, plan, eager),
-                                      lambda eager: self.recounted(plan, eager),
+                                      lambda now, eager: self.replanned(gm, example_inputs, setting, now, eager),
+                                      lambda now, eager: eager_parts.raised_by(now, eager, self.planner.lowest_of),
+                                      self.superseded,
                                       rank_scope.state_storages(gm, example_inputs))
 
     def agreed(self, gm: fx.GraphModule, example_inputs: Sequence[Any], setting: GraphSetting) -> Fitted:
@@ -154,27 +155,23 @@ class RematBackend:
         if plan is None:  # an inference graph (no grad): nothing planned
             return compiled, None
         if self.stop_after_plan:  # remat.plan: its smallest feasible budget is the compiled one
-            defer_min_feasible(gm, example_inputs, self.planner, setting, adapter.compile_inductor, plan)
+            plan = with_compiled_min_feasible(gm, example_inputs, self.planner, setting, adapter.compile_inductor, plan)
             raise CompileStopped("planned").with_plan(plan)
         if key is not None:  # the next process loads this plan's program whole
-            compiled = program_cache.publish(gm, example_inputs, self.planner, setting, adapter.compile_inductor,
-                                             compiled, plan, key)
+            compiled, plan = program_cache.publish(gm, example_inputs, self.planner, setting,
+                                                   adapter.compile_inductor, compiled, plan, key)
         return compiled, plan
 
     def replanned(self, gm: fx.GraphModule, example_inputs: Sequence[Any], setting: GraphSetting, plan: GraphPlan,
-                  eager: eager_parts.EagerParts) -> Callable[..., Any]:
-        """``plan``'s graph planned and compiled again with ``eager`` parts counted; the new plan takes
-        the old one's place among the reports."""
+                  eager: eager_parts.EagerParts) -> Fitted:
+        """``plan``'s graph planned and compiled again with ``eager`` parts counted."""
         scope = plan.scope.with_eager(eager)
         eager_parts.remember(scope)
-        compiled, again = self.agreed(gm, example_inputs, dataclasses.replace(setting, scope=scope))
-        self.plans[self.plans.index(plan)] = again
-        self.built.pop(plan, None)
-        return compiled
+        return self.agreed(gm, example_inputs, dataclasses.replace(setting, scope=scope))
 
-    def recounted(self, plan: GraphPlan, eager: eager_parts.EagerParts) -> None:
-        """``plan`` still fits with ``eager`` parts: its figures count them."""
-        eager_parts.raised_by(plan, eager, self.planner.lowest_of)
+    def superseded(self, plan: GraphPlan, new: GraphPlan) -> None:
+        """``new`` takes ``plan``'s place among the reports (what the first step measured counted)."""
+        self.plans[self.plans.index(plan)] = new
         self.built.pop(plan, None)
 
     def tell(self, agreement: ranks.Agreement | None, plan: GraphPlan | None) -> None:
@@ -190,9 +187,7 @@ class RematBackend:
         given = agreement.receive()
         waited = time.perf_counter() - t0
         compiled, plan = self.compile(gm, example_inputs, dataclasses.replace(setting, given=given))
-        if plan is not None:
-            plan.timings["agree"] = waited
-        return compiled, plan
+        return compiled, None if plan is None else plan.timed("agree", waited)
 
 
 def remat_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | None = None,

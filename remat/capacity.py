@@ -187,9 +187,7 @@ def point_at(size: int, model: torch.nn.Module | Callable[[int], torch.nn.Module
     else:
         base = captured(module, inputs, options, device=device, dynamic=False).plans[0]
         at = plan_at(base, budgeted.budget_bytes)  # the model's plan at the budget: what remat.compile solves
-        at_budget = at if isinstance(at, GraphPlan) else None
-        if at_budget is not None:
-            at_budget.notes = list(base.notes)
+        at_budget = at.revised(notes=base.notes) if isinstance(at, GraphPlan) else None
     figures = report_of(base)
     blocks = (figures.peer_rules or {}).get("checkpoint-blocks")
     peak = None if at_budget is None else at_budget.compiled_peak_bytes or at_budget.solution.peak_bytes

@@ -25,7 +25,7 @@ from remat.solvers.plan import monotone
 from .backend import RematBackend
 from .budget import budget_bytes
 from .errors import GIB, BudgetError
-from .lazy import Deferred, Deferring
+from .solvers.lazy import Deferred, Deferring
 from .measure import held_bytes, step_peak
 from .options import Options
 from .policies import Policy
@@ -134,9 +134,8 @@ def solved_at_each(captured: GraphPlan, budgets_gb: Sequence[float]) -> list[Rep
     plans = [plan_at(captured, budget_bytes(gb)) for gb in progress(budgets_gb, desc="remat: solving", unit="budget")]
     solved = [p for p in plans if isinstance(p, GraphPlan)]
     caps = [p.store_all.peak_bytes if p.target is None else min(p.target, p.store_all.peak_bytes) for p in solved]
-    for plan, best in zip(solved, monotone([p.solution for p in solved], caps), strict=True):
-        plan.solution = best
-    return [p if isinstance(p, BudgetError) else report_of(p) for p in plans]
+    best = dict(zip(map(id, solved), monotone([p.solution for p in solved], caps), strict=True))
+    return [p if isinstance(p, BudgetError) else report_of(p.revised(solution=best[id(p)])) for p in plans]
 
 
 def figures(report: Report, names: Sequence[str]) -> dict[str, Any]:

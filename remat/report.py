@@ -22,7 +22,7 @@ from remat.solvers.problem import Kind, Problem
 from remat.solvers.solution import Solution
 
 from .errors import format_bytes
-from .lazy import Deferred, Deferring
+from .solvers.lazy import Deferred, Deferring
 from .report_rows import Context, decision_of, module_spans, op_category, peak_module, user_names
 
 # Timelines stored in a Report keep at most this many points (bucket maxima).
@@ -60,7 +60,7 @@ class Report(Deferring):
 
     The smallest feasible budget and torch's min-cut figures cost work the plan does not
     need (a smallest-peak solve, compiles under ``remat.plan`` with Inductor, torch's own
-    partitioner): they are computed when first read, then kept (``remat.lazy``).
+    partitioner): they are computed when first read, then kept (``remat.solvers.lazy``).
     ``pending`` names those not computed yet; ``to_dict`` and ``save`` compute them. Rendering
     (``summary``, ``to_pandas``, the card, ``to_html``, ``plot``) never does: it shows such a
     figure as not computed, and how to compute it.
@@ -311,7 +311,7 @@ def report_of(plan: Any) -> Report:
         device=str(problem.meta.get("device", "")),
         joint_graph_steps=problem.num_steps,
         candidates=len(problem.candidates()),
-        notes=[*solution.notes, *plan.notes],
+        notes=[*solution.notes, *plan.all_notes],
         compiled_peak_bytes=plan.compiled_peak_bytes,
         compile_attempts=plan.compile_attempts,
         realized_peak_bytes=plan.realized_peak_bytes,
@@ -321,10 +321,9 @@ def report_of(plan: Any) -> Report:
         world_size=plan.world_size,
         **scope_fields(plan.scope, problem, solution),
         plan_cache=plan.plan_cache,
-        **plan.figures,
+        **plan.known(plan.deferred_fields()),  # (a plan's figures are the report's: the same names)
     )
-    for names, compute in plan.deferred:
-        report.defer(compute, *names)
+    report.defer_from(plan)  # computed on the plan when first read, once for both
     attach_timelines(report, problem, solution, plan.store_all)
     report.__dict__["_built"] = True  # read-only from here: remat's code never changes it again
     return report

@@ -21,11 +21,11 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
-from typing import Generic, TypeVar
 
 from .baselines import cheap_plans, checkpoint_blocks, save_matmuls, store_all
 from .errors import GIB, BudgetError, Infeasible, InvalidPlan, PlanError, format_bytes
 from .ilp import ILPConfig, min_peak
+from .lazy import Once
 from .near import many_blocks
 from .model import copies_kept_bytes, exact_starts, handoff_step, step_workspace
 from .problem import Kind, Problem, Value, storage_of
@@ -34,7 +34,6 @@ from .simulate import added_seconds, alive_at, closure, evaluate
 from .solution import Solution, Status
 
 log = logging.getLogger("remat.solvers.plan")
-T = TypeVar("T")
 # The smallest-peak search stops once its plan is proven within this fraction of the model's
 # minimum. The incumbent is usually found in a second or two; proving 1 % took 5x longer than
 # proving 3 % on 2-layer transformers (the relaxation's bound is weak), and the figure it gives,
@@ -87,20 +86,6 @@ class Request:
     @property
     def smallest_peak_config(self) -> ILPConfig:
         return ILPConfig(time_limit_s=self.time_limit_s, mip_gap=SMALLEST_PEAK_GAP, share_blocks=SMALLEST_PEAK_SHARING)
-
-
-class Once(Generic[T]):
-    """``fn()`` run on the first call and remembered; ``done`` says whether it ran."""
-
-    def __init__(self, fn: Callable[[], T]) -> None:
-        self.fn = fn
-        self.done = False
-        self.value: T | None = None
-
-    def __call__(self) -> T:
-        if not self.done:
-            self.value, self.done = self.fn(), True
-        return self.value  # type: ignore[return-value]
 
 
 Lowest = Once[Solution]  # the smallest-peak plan, solved on the first call

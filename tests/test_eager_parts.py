@@ -7,7 +7,8 @@ decisions on a stand-in plan, and one process with a rank scope stood in for FSD
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -74,7 +75,7 @@ class StandInPlan:
     compiled_peak_bytes: int
     target: int
     budget: int
-    notes: list[str] = field(default_factory=list)
+    notes: tuple[str, ...] = ()
     program = None
     solution = type("S", (), {"saved": frozenset()})()
     scope = rank_scope.RankScope("FSDP2")
@@ -83,12 +84,16 @@ class StandInPlan:
     def request(self) -> Any:
         return type("R", (), {"budget_bytes": self.budget})()
 
+    def noted(self, *notes: str) -> StandInPlan:
+        return dataclasses.replace(self, notes=self.notes + notes)
+
 
 def watch_one_step(plan: StandInPlan, eager: int, replan: Any) -> tuple[EagerWatch, list[EagerParts]]:
     """A watch over an identity 'graph': one step whose head allocates ``eager`` bytes (the
     window's reading is stood in), then the next call."""
     recounted: list[EagerParts] = []
-    watch = EagerWatch(lambda x: (x * 1,), plan, replan, recounted.append)
+    watch = EagerWatch(lambda x: (x * 1,), plan, replan, lambda now, eager: recounted.append(eager) or now,
+                       lambda old, new: None)
     x = torch.ones(3, requires_grad=True)
     (out,) = watch(x)
     watch.window.cancel()
@@ -101,7 +106,7 @@ def watch_one_step(plan: StandInPlan, eager: int, replan: Any) -> tuple[EagerWat
 
 def test_a_plan_that_still_fits_with_the_eager_bytes_is_recounted_not_replanned() -> None:
     plan = StandInPlan(compiled_peak_bytes=600, target=1000, budget=1000)
-    watch, recounted = watch_one_step(plan, 300, replan=lambda eager: pytest.fail("planned again"))
+    watch, recounted = watch_one_step(plan, 300, replan=lambda now, eager: pytest.fail("planned again"))
     assert recounted == [EagerParts(300, copies=0)] and watch.state is eager_parts.State.DONE  # one call a step
 
 
@@ -109,17 +114,19 @@ def test_a_plan_over_the_budget_with_them_is_replanned_and_its_program_used_from
     plan = StandInPlan(compiled_peak_bytes=800, target=1000, budget=1000)
     asked: list[int] = []
 
-    def replan(eager: EagerParts) -> Any:
+    again = StandInPlan(compiled_peak_bytes=700, target=1000, budget=1000)
+
+    def replan(now: StandInPlan, eager: EagerParts) -> Any:
         asked.append(eager.peak)
-        return lambda x: (x * 2,)
+        return (lambda x: (x * 2,)), again
 
     watch, recounted = watch_one_step(plan, 300, replan)
-    assert asked == [300] and not recounted
+    assert asked == [300] and not recounted and watch.plan is again
     assert torch.equal(watch(torch.ones(2))[0], torch.full((2,), 2.0))
 
 
 def test_a_budget_no_plan_fits_with_them_is_refused_naming_the_eager_parts() -> None:
-    def replan(eager: EagerParts) -> Any:
+    def replan(now: StandInPlan, eager: EagerParts) -> Any:
         raise BudgetError("budget 1000 B is below the smallest feasible budget 1500 B", budget_bytes=1000,
                           min_feasible_bytes=1500)
 
@@ -130,8 +137,8 @@ def test_a_budget_no_plan_fits_with_them_is_refused_naming_the_eager_parts() -> 
 
 def test_a_window_not_measured_counts_nothing_and_says_so() -> None:
     plan = StandInPlan(compiled_peak_bytes=800, target=1000, budget=1000)
-    watch, recounted = watch_one_step(plan, UNKNOWN, replan=lambda eager: pytest.fail("planned again"))
-    assert not recounted and any("not measured" in n for n in plan.notes)
+    watch, recounted = watch_one_step(plan, UNKNOWN, replan=lambda now, eager: pytest.fail("planned again"))
+    assert not recounted and any("not measured" in n for n in watch.plan.notes) and not plan.notes
 
 
 def test_one_process_measures_its_eager_head_and_plans_again_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -186,7 +193,8 @@ def test_a_graph_that_fails_to_compile_stops_the_windows_open_before_it() -> Non
     plan = StandInPlan(compiled_peak_bytes=600, target=1000, budget=1000)
     plan.scope = rank_scope.RankScope(rank_scope.PROCESS)
     plan.problem = type("P", (), {"values": ()})()
-    watch = EagerWatch(lambda x: (x * 1,), plan, lambda eager: pytest.fail("planned"), lambda eager: None)
+    watch = EagerWatch(lambda x: (x * 1,), plan, lambda now, eager: pytest.fail("planned"),
+                       lambda now, eager: now, lambda old, new: None)
     (out,) = watch(torch.ones(3, requires_grad=True))
     assert remat.passes.torch_adapter.OwnSession._running is not None
     eager_parts.abandon_open_windows()

@@ -16,7 +16,7 @@ from remat import zoo
 from remat.errors import GIB
 from remat.frontier import capture
 from remat.passes.program import fit
-from remat.passes.decide import partition
+from remat.passes.decide import graph_plan, partition
 from remat.passes import torch_adapter as adapter
 from remat.solvers import plan as policy
 from tests.conftest import build
@@ -65,7 +65,7 @@ def test_an_unbinding_plan_solves_no_smallest_peak_until_it_is_read(gpt, store_a
     budget_gb = {"none": None, "inf": float("inf"), "twice store-all": 2 * store_all_gb}[budget]
     report = remat.plan(model, *inputs, compiler="eager", budget_gb=budget_gb)
     assert calls.count == {"solve": 0, "min_cut": 0, "compile": 0}
-    assert set(report.pending) == set(partition.MIN_FEASIBLE) | set(partition.MIN_CUT) | set(partition.PEER_RULES)
+    assert set(report.pending) == set(graph_plan.FIGURES)
     low = report.min_feasible_bytes
     assert calls.count["solve"] == 1 and calls.count["min_cut"] == 0
     assert report.min_feasible_exact and report.min_feasible_bytes == low and calls.count["solve"] == 1

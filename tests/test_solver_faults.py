@@ -11,7 +11,7 @@ import pytest
 import remat
 from remat import solvers
 from remat.errors import format_bytes
-from remat.lazy import Once
+from remat.solvers.lazy import Once
 from remat.solvers.plan import Request, solve_or_fall_back
 from remat.solvers import ilp, registry
 from remat.solvers.solution import Status

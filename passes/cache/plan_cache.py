@@ -74,7 +74,7 @@ def entry_of(plan: Any) -> CachedPlan:
     facts = {name: getattr(solution, name) for name in SOLUTION_FACTS}
     facts["status"], facts["notes"] = solution.status.value, list(solution.notes)
     return CachedPlan(plan.problem, solution.saved, solution.recomputed, frozenset(plan.random_names), plan.target,
-                      facts, tuple(plan.notes), dict(plan.figures), plan.compiled_peak_bytes,
+                      facts, tuple(plan.all_notes), plan.known(plan.deferred_fields()), plan.compiled_peak_bytes,
                       None if plan.program is None else plan.program.handoff_bytes)
 
 

@@ -117,31 +117,27 @@ def load(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, se
 
 def publish(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, setting: GraphSetting,
             compile_graph: Compile, compiled: Callable[..., Any], plan: GraphPlan,
-            key: dict[str, Any]) -> Callable[..., Any]:
+            key: dict[str, Any]) -> tuple[Callable[..., Any], GraphPlan]:
     """Put the program of the graph's accepted ``plan`` (compiled as ``compiled``)
     in AOTAutograd's cache under the plan's digest, and store the plan under the graph's program
-    ``key``; the callable to run. The entry its compile recorded is written as it is; without one (a
-    cache bypass), the plan is compiled once more with the cache on."""
+    ``key``; the callable to run, and the plan with the time it took. The entry its compile recorded
+    is written as it is; without one (a cache bypass), the plan is compiled once more with the cache on."""
     assert planner.disk is not None
     cached = plan_cache.entry_of(plan)
     t0 = time.perf_counter()
     if plan.program_entry is not None:
         adapter.store_program_entry(plan.program_entry, plan_digest(cached))
-        plan.program_entry = None  # written: the compiled code it refers to need not stay alive with the plan
     else:
         compiled = compile_again(gm, example_inputs, planner, setting, compile_graph, plan, plan_digest(cached))
-    plan.timings["program cache"] = time.perf_counter() - t0
     planner.disk.store(key, cached)
-    return compiled
+    # (the entry written, the compiled code it refers to need not stay alive with the plan)
+    return compiled, plan.revised(program_entry=None).timed("program cache", time.perf_counter() - t0)
 
 
 def compile_again(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, setting: GraphSetting,
                   compile_graph: Compile, plan: GraphPlan, digest: str) -> Callable[..., Any]:
     """Compile ``plan`` once more (handed out again, nothing planned), AOTAutograd's cache on under
     ``digest``."""
-    timings = dict(plan.timings)
     attempt = Attempt(setting, replay=plan)
-    compiled = compile_attempt(copy.deepcopy(gm), example_inputs, planner, attempt, compile_graph,
-                               within=adapter.program_cache(digest))
-    plan.timings = timings
-    return compiled
+    return compile_attempt(copy.deepcopy(gm), example_inputs, planner, attempt, compile_graph,
+                           within=adapter.program_cache(digest))

@@ -90,6 +90,8 @@ class Attempt:
     plan: GraphPlan | None = None
     chosen_at: float = 0.0  # when the saved set was handed to torch
     stopped: str = ""  # why the compile was stopped at the partitioner (CompileStopped), if it was
+    # the partitioned graphs torch built for this compile, by kind, until the backward's arrival checks them
+    graphs: dict[str, fx.GraphModule | None] = field(default_factory=dict)
 
     def stop(self, why: str) -> CompileStopped:
         """End this compile at the partitioner, for ``why`` (raise what this returns)."""
@@ -108,12 +110,12 @@ class Attempt:
                                 "did not ask remat for this graph's saved values; please report this "
                                 "with your torch version")
             return  # an inference graph: nothing was planned
-        plan.graphs[kind] = gm
+        self.graphs[kind] = gm
         if plan.unfolded and adapter.unfold(gm.graph, plan.unfolded):
             gm.recompile()
         if kind == "backward":
-            check_realized(plan)
-            plan.graphs = dict.fromkeys(plan.graphs)  # matched and checked: the modules are not kept alive
+            plan.realized.fill(*check_realized(plan, self.graphs["forward"], gm))
+            self.graphs = dict.fromkeys(self.graphs)  # matched and checked: the modules are not kept alive
 
 
 @contextlib.contextmanager
@@ -132,24 +134,25 @@ def compile_attempt(gm: fx.GraphModule, example_inputs: Any, planner: Chooser, a
         return compile_graph(gm, example_inputs, on_graph=attempt.on_graph, **options)
 
 
-def check_realized(plan: GraphPlan) -> None:
-    """The graphs torch built must do what the plan says (the self-check of docs/design.md)."""
-    forward, backward = plan.graphs["forward"], plan.graphs["backward"]
+def check_realized(plan: GraphPlan, forward: fx.GraphModule, backward: fx.GraphModule) -> tuple[int, tuple[str, ...]]:
+    """The graphs torch built must do what the plan says (the self-check of docs/design.md): what
+    they peak at op by op, and what the check noticed."""
     again = recomputed_in(backward, plan.forward_names)
     if again & plan.random_names:
         raise PlanError(f"random ops would be recomputed with fresh randomness: {sorted(again & plan.random_names)}")
+    notes = []
     extra = again - plan.solution.recomputed
     if extra:
-        plan.notes.append(f"backward recomputes {len(extra)} values the plan keeps or frees: {sorted(extra)[:5]}")
+        notes.append(f"backward recomputes {len(extra)} values the plan keeps or frees: {sorted(extra)[:5]}")
     peak = realized_peak(forward, backward)
-    plan.realized_peak_bytes = peak
     predicted = plan.solution.peak_bytes
     # Unfused, the realized graphs must peak where the plan says; Inductor's
     # fusion makes the prediction lower than this op-by-op figure on purpose.
     if plan.request.compiler == "eager" and peak > predicted:
-        plan.notes.append(f"realized graphs peak at {peak} bytes, above the predicted {predicted}")
-        log.warning(plan.notes[-1])
+        notes.append(f"realized graphs peak at {peak} bytes, above the predicted {predicted}")
+        log.warning(notes[-1])
         budget = plan.request.budget_bytes
         if budget is not None and peak > budget:  # op by op, this peak is the one the step will reach
             raise PlanError(f"the partitioned graphs would peak at {peak} bytes, over the budget of {budget}; "
                             f"please report this graph, and meanwhile pass headroom= to plan below the budget")
+    return peak, tuple(notes)

@@ -1,21 +1,22 @@
 """The record of one graph's plan, and the figures computed when first read.
 
 :class:`GraphPlan` is what remat decided, predicted and learned for one joint graph
-(``passes/decide/partition.py`` makes it, ``passes/program/fit.py`` adds its compiled program's account,
-``remat/report.py`` reads it). The smallest feasible budget, torch's own min-cut plan and the
+(``passes/decide/partition.py`` makes it, ``passes/program/fit.py`` makes it again with its compiled
+program's account, ``remat/report.py`` reads it). The smallest feasible budget, torch's own min-cut plan and the
 peers' rules are computed only when a report reads them.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 import torch.fx as fx
 
 from remat.solvers.errors import BudgetError, format_bytes
-from remat.solvers.plan import Lowest, Once, min_budget_bytes, peer_plan, score_peer, solve
+from remat.solvers.lazy import Deferred, Deferring, Once
+from remat.solvers.plan import Lowest, min_budget_bytes, peer_plan, peer_rules, score_peer, solve
 from remat.solvers.problem import Problem
 from remat.solvers.solution import Solution
 
@@ -25,18 +26,43 @@ from ..capture.names import NodeName
 from ..scope.rank_scope import RankScope
 from .request import PlanRequest
 
-Figures = Callable[[], dict[str, object]]
+MIN_FEASIBLE = ("min_feasible_bytes", "min_feasible_exact", "min_feasible_solve_seconds")
+MIN_CUT = ("min_cut_peak_bytes", "min_cut_overhead_seconds", "min_cut_seconds")
+# torch's min-cut decision needs the joint graph, which a program loaded whole never traces
+NO_MIN_CUT = {"min_cut_peak_bytes": None, "min_cut_overhead_seconds": None, "min_cut_seconds": 0.0}
+PEER_RULES = ("peer_rules",)
+FIGURES = (*MIN_FEASIBLE, *MIN_CUT, *PEER_RULES)  # a plan's figures computed when first read
+
+
+MinCut = Once[tuple[list[str], float]]  # torch's saved node names, and the seconds it took
+
 
 @dataclass(eq=False)
-class GraphPlan:
-    """Everything remat decided, predicted and learned for one joint graph: plain data.
+class Realized:
+    """The partitioned graphs torch built, checked against the plan (``attempt.check_realized``):
+    filled once, when the backward arrives (with the forward under Inductor, at its first call op
+    by op), so a plan handed out before that learns it then. ``done`` also for a program loaded
+    whole, whose graphs never arrive."""
 
-    The passes fill it while the graph is planned and compiled; remat's ``Report`` is
-    built from it (``remat.report.report_of``). ``figures`` holds figures already
-    known; ``deferred`` lists how to compute the others, (names, compute), when first
-    read (a later entry for a name replaces an earlier one). ``complete``: both
-    partitioned graphs were seen and checked; nothing changes after that but figures
-    computed when read.
+    done: bool = False
+    peak_bytes: int | None = None  # what the realized graphs peak at, run op by op
+    notes: tuple[str, ...] = ()
+
+    def fill(self, peak_bytes: int | None, notes: tuple[str, ...] = ()) -> None:
+        if self.done:
+            raise RuntimeError("remat checked one plan's partitioned graphs twice; please report this")
+        self.done, self.peak_bytes, self.notes = True, peak_bytes, notes
+
+
+@dataclass(frozen=True, eq=False)
+class GraphPlan(Deferring):
+    """Everything remat decided, predicted and learned for one joint graph: a record never changed
+    once made. A stage that learns more (the compiled program's account, the eager parts measured
+    on the first step) makes a new record with :meth:`revised`; remat's ``Report`` is built from
+    it (``remat.report.report_of``). Two things fill in after it is made, without changing what it
+    says: the figures computed when first read (``FIGURES``: ``Deferred`` fields, see
+    ``remat.solvers.lazy``) and the check of the graphs torch built from it (``realized``), which
+    may arrive at the backward's first call.
     """
 
     problem: Problem
@@ -44,15 +70,16 @@ class GraphPlan:
     store_all: Solution
     request: PlanRequest
     target: int | None  # the peak the plan must fit: the budget less any headroom (None: no budget)
-    forward_names: set[str]
-    random_names: set[str]
+    forward_names: frozenset[str]
+    random_names: frozenset[str]
     lowest: Lowest  # the smallest-peak plan, solved when first asked for
+    min_cut: MinCut | None = None  # torch's own decision, made when first asked for (None: no joint graph)
     profile_seconds: float = 0.0
     # wall seconds by phase of this graph's compile (capture, profile, solve, inductor), in order
-    timings: dict[str, float] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
+    timings: Mapping[str, float] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
     plan_cache: str = ""  # "stored" when written to the plan cache, "hit" when loaded from it
-    cache_key: dict[str, object] | None = None  # the plan cache key it was stored under
+    cache_key: Mapping[str, object] | None = None  # the plan cache key it was stored under
     compiled_peak_bytes: int | None = None  # what the program Inductor generated peaks at
     # that program's own account (compiled_peak_bytes adds the step's other memory); a plan loaded from
     # the plan cache knows only what the forward hands the backward (its peak_bytes None)
@@ -60,23 +87,61 @@ class GraphPlan:
     compile_attempts: int = 0
     rank: int = 0  # under torch.distributed: this process's rank, and how many ranks agreed on the plan
     world_size: int = 1
-    node_order: list[str] = field(default_factory=list)  # the joint graph's node names, in order
+    node_order: tuple[str, ...] = ()  # the joint graph's node names, in order
     # the user's names for its nodes, by node name: module, parameter, source line (passes/capture/names.py)
-    names: dict[str, NodeName] = field(default_factory=dict)
+    names: Mapping[str, NodeName] = field(default_factory=dict)
     scope: RankScope | None = None  # what the rank holds outside the graph, under a per-rank budget
-    realized_peak_bytes: int | None = None
-    figures: dict[str, object] = field(default_factory=dict)
-    deferred: list[tuple[tuple[str, ...], Figures]] = field(default_factory=list)
-    graphs: dict[str, fx.GraphModule] = field(default_factory=dict)
+    realized: Realized = field(default_factory=Realized)
     # AOTAutograd's cache entry for the plan's program, made while it compiled and not yet written
     # (passes/cache/program_cache.py writes it under the plan's key once the plan is accepted)
     program_entry: object | None = None
     # adds whose matmul Inductor would fold into them, kept apart (passes/modeling/problem.py, fold_holds_more)
     unfolded: frozenset[str] = frozenset()
+    # the figures computed when first read (FIGURES), or set where they are known already
+    min_feasible_bytes: int = Deferred(0)
+    min_feasible_exact: bool = Deferred(False)
+    min_feasible_solve_seconds: float = Deferred(0.0)
+    min_cut_peak_bytes: int | None = Deferred(None)
+    min_cut_overhead_seconds: float | None = Deferred(None)
+    min_cut_seconds: float = Deferred(0.0)
+    peer_rules: dict[str, dict[str, float]] | None = Deferred(None)
+
+    def revised(self, **changes: object) -> GraphPlan:
+        """A new record: this one with ``changes`` (figures not computed yet stay so, computed once for
+        both when either reads them). ``dataclasses.replace`` would compute them all."""
+        new = self._copy()
+        for name, value in changes.items():
+            object.__setattr__(new, name, value)
+        return new
+
+    def noted(self, *notes: str) -> GraphPlan:
+        """A new record with ``notes`` added (each once)."""
+        added = tuple(n for n in dict.fromkeys(notes) if n not in self.notes)
+        return self.revised(notes=self.notes + added) if added else self
+
+    def timed(self, phase: str, seconds: float) -> GraphPlan:
+        """A new record with ``seconds`` spent in ``phase`` (after the phases timed before)."""
+        return self.revised(timings={**self.timings, phase: seconds})
+
+    def deferring(self, compute: Callable[[], dict[str, object]], *names: str) -> GraphPlan:
+        """A new record whose figures ``names`` are computed by ``compute`` when first read."""
+        new = self.revised()
+        new.defer(compute, *names)
+        return new
 
     @property
     def complete(self) -> bool:
-        return "backward" in self.graphs
+        """Both partitioned graphs were seen and checked (or none will come: a program loaded whole)."""
+        return self.realized.done
+
+    @property
+    def realized_peak_bytes(self) -> int | None:
+        return self.realized.peak_bytes
+
+    @property
+    def all_notes(self) -> tuple[str, ...]:
+        """The plan's notes and those of the check of its realized graphs."""
+        return self.notes + self.realized.notes
 
     @property
     def smallest(self) -> bool:
@@ -89,26 +154,13 @@ class GraphPlan:
         """Each op's measured scratch bytes, by node name (those with any)."""
         return {n: w for n, w in zip(self.problem.step_names, self.problem.workspace) if w}
 
-    def defer(self, compute: Figures, *names: str) -> None:
-        self.deferred.append((names, compute))
-        for name in names:
-            self.figures.pop(name, None)
 
-
-MIN_FEASIBLE = ("min_feasible_bytes", "min_feasible_exact", "min_feasible_solve_seconds")
-MIN_CUT = ("min_cut_peak_bytes", "min_cut_overhead_seconds", "min_cut_seconds")
-# torch's min-cut decision needs the joint graph, which a program loaded whole never traces
-NO_MIN_CUT = {"min_cut_peak_bytes": None, "min_cut_overhead_seconds": None, "min_cut_seconds": 0.0}
-PEER_RULES = ("peer_rules",)
 
 
 def min_feasible_figures(lowest: Solution, request: PlanRequest) -> dict[str, object]:
     """The smallest feasible budget by the model: exact op by op, an estimate under Inductor."""
     return {"min_feasible_bytes": min_budget_bytes(lowest.peak_bytes, request.solve.headroom),
             "min_feasible_exact": request.compiler == "eager", "min_feasible_solve_seconds": lowest.solve_seconds}
-
-
-MinCut = Once[tuple[list[str], float]]  # torch's saved node names, and the seconds it took
 
 
 def torch_min_cut(joint_graph: fx.Graph, node_info: adapter.NodeInfo) -> MinCut:
@@ -136,12 +188,27 @@ def min_cut_candidates(problem: Problem, min_cut: MinCut) -> list[Solution]:
 
 
 def defer_min_feasible(plan: GraphPlan) -> None:
-    """The model's smallest feasible budget: now if the smallest-peak plan is solved
-    already (the budget bound), else when first read."""
-    if plan.lowest.done:
-        plan.figures.update(min_feasible_figures(plan.lowest(), plan.request))
+    """The model's smallest feasible budget, on a plan being made: now if the smallest-peak plan is
+    solved already (the budget bound), else when first read."""
+    request, lowest = plan.request, plan.lowest
+    if lowest.done:
+        for name, value in min_feasible_figures(lowest(), request).items():
+            object.__setattr__(plan, name, value)
     else:
-        plan.defer(lambda: min_feasible_figures(plan.lowest(), plan.request), *MIN_FEASIBLE)
+        plan.defer(lambda: min_feasible_figures(lowest(), request), *MIN_FEASIBLE)
+
+
+def defer_figures(plan: GraphPlan, known: set[str] = frozenset()) -> None:
+    """On a plan being made: the smallest feasible budget, torch's min-cut plan and the peers' rules
+    in the model, computed from its problem when first read (those not ``known`` already, for a plan
+    from the cache; torch's figures only where it has torch's decision)."""
+    problem, min_cut = plan.problem, plan.min_cut
+    if not set(MIN_FEASIBLE) <= known:
+        defer_min_feasible(plan)
+    if not set(MIN_CUT) <= known and min_cut is not None:
+        plan.defer(lambda: min_cut_figures(problem, min_cut), *MIN_CUT)
+    if not set(PEER_RULES) <= known:
+        plan.defer(lambda: {"peer_rules": peer_rules(problem)}, *PEER_RULES)
 
 
 def plan_at(base: GraphPlan, budget_bytes: int | None) -> GraphPlan | BudgetError:
@@ -154,10 +221,11 @@ def plan_at(base: GraphPlan, budget_bytes: int | None) -> GraphPlan | BudgetErro
     except BudgetError as exc:
         return exc
     plan = GraphPlan(base.problem, solution, store_all, request, request.solve.target, base.forward_names,
-                     base.random_names, base.lowest, deferred=[d for d in base.deferred if d[0] == MIN_CUT],
-                     names=base.names)
+                     base.random_names, base.lowest, base.min_cut, names=base.names, **base.known(MIN_CUT))
+    plan.defer_from(base, MIN_CUT)
     defer_min_feasible(plan)
     return plan
+
 
 STEP_NOTE = "the budget bounds the step: counted "
 

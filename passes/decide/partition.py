@@ -23,7 +23,7 @@ import torch.fx as fx
 
 from remat.solvers.baselines import store_all
 from remat.solvers.errors import format_bytes
-from remat.solvers.plan import Lowest, Once, lowest_of, peer_rules, solve
+from remat.solvers.plan import Lowest, lowest_of, solve
 from remat.solvers.problem import Problem
 from remat.solvers.simulate import evaluate
 from remat.solvers.solution import Solution, Status
@@ -35,8 +35,8 @@ from .. import torch_adapter as adapter
 from .attempt import Attempt, GraphSetting
 from ..scope.rank_scope import RankScope
 from ..program.known_programs import ProgramAccount
-from .graph_plan import (MIN_CUT, MIN_FEASIBLE, NO_MIN_CUT, PEER_RULES, GraphPlan, MinCut, defer_min_feasible,
-                         min_cut_candidates, min_cut_figures, one_line, scope_note, torch_min_cut)
+from .graph_plan import (FIGURES, NO_MIN_CUT, GraphPlan, MinCut, Realized, defer_figures, min_cut_candidates,
+                         one_line, scope_note, torch_min_cut)
 from ..capture.names import names_of
 from ..modeling.policies import in_checkpoint_region
 from ..modeling.problem import build_problem, unfolded_adds
@@ -88,56 +88,59 @@ class Planner:
         specialized = self.request.budget_bytes is not None and adapter.specialize_sizes(joint_graph)
         forward = {n.name for n in joint_graph.nodes if node_info.is_required_fw(n)}
         if attempt.replay is not None:  # the same graph compiled again (passes/program/fit.py): the same plan
-            plan = attempt.replay
-            plan.graphs = {}
+            plan = attempt.replay.revised(realized=Realized())  # (its graphs are checked anew)
         elif setting.given is not None:
             plan = self.plan_given(setting.given, joint_graph, node_info, forward)
         else:
-            plan = self.local_plan(attempt, joint_graph, node_info, forward, specialized)
-            plan.scope = setting.scope  # (judged with the memory around the graph)
+            # (judged with the memory around the graph)
+            plan = self.local_plan(attempt, joint_graph, node_info, forward, specialized).revised(scope=setting.scope)
             if attempt.wanted is not None and not attempt.wanted(plan):
                 attempt.plan = plan
                 raise attempt.stop("unwanted")
-        plan.node_order = [n.name for n in joint_graph.nodes]
-        plan.names = names_of(joint_graph, setting.input_names)  # read from this graph: a cached plan's may differ
-        if self.request.compiler == "inductor":  # the adds whose matmul Inductor must not fold (passes/modeling/problem.py)
-            plan.unfolded = unfolded_adds(joint_graph, node_info)
-        plan.scope = setting.scope
-        self.note_rank(plan)
-        # (in a process's step scope they are its resident bytes)
-        scope = plan.scope
-        unread = setting.unread_state or (scope.resident_bytes if scope is not None and scope.process else 0)
-        if unread:
-            note = (f"counted {format_bytes(unread)} of the module's parameters and buffers that "
-                    "this graph does not read (held through its step)")
-            plan.notes += [] if note in plan.notes else [note]
-        plan.timings = {"capture": entered - attempt.capture_started, **plan.timings}
-        attempt.plan = plan
+        attempt.plan = plan = self.in_graph(plan, setting, joint_graph, node_info, entered - attempt.capture_started)
         log.info("remat plan: %s", one_line(plan))
         attempt.chosen_at = time.perf_counter()
         if attempt.stop_after_plan:
             raise attempt.stop("planned")
         return nodes_to_save(joint_graph, node_info, plan.solution)
 
+    def in_graph(self, plan: GraphPlan, setting: GraphSetting, joint_graph: fx.Graph, node_info: adapter.NodeInfo,
+                 capture_seconds: float) -> GraphPlan:
+        """``plan`` as this graph and its setting see it: the graph's node names and the user's names for
+        them (read from this graph: a cached plan's may differ), the adds kept apart from their matmul
+        (passes/modeling/problem.py), the memory around it, the rank, and the capture's seconds."""
+        unfolded = unfolded_adds(joint_graph, node_info) if self.request.compiler == "inductor" else plan.unfolded
+        plan = plan.revised(node_order=tuple(n.name for n in joint_graph.nodes), unfolded=unfolded,
+                            names=names_of(joint_graph, setting.input_names), scope=setting.scope,
+                            timings={"capture": capture_seconds, **plan.timings})
+        plan = self.note_rank(plan)
+        # (in a process's step scope they are its resident bytes)
+        scope = plan.scope
+        unread = setting.unread_state or (scope.resident_bytes if scope is not None and scope.process else 0)
+        if unread:
+            plan = plan.noted(f"counted {format_bytes(unread)} of the module's parameters and buffers that "
+                              "this graph does not read (held through its step)")
+        return plan
+
     def plan_given(self, given: tuple[dict, list[str]], joint_graph: fx.Graph, node_info: adapter.NodeInfo,
                    forward: set[str]) -> GraphPlan:
         """The plan rank 0 compiled for this graph (``passes/scope/ranks.py``), nothing profiled or solved."""
         record, names = given
         cached = plan_cache.plan_of_record(ranks.in_own_names(record, names, joint_graph))
-        plan = self.plan_from_cache(cached, forward, torch_min_cut(joint_graph, node_info))
-        plan.plan_cache = "rank 0"
-        plan.notes.append(f"saved set decided by rank 0 of {ranks.world()[1]} and sent to every rank")
-        return plan
+        return self.plan_from_cache(
+            cached, forward, torch_min_cut(joint_graph, node_info), plan_cache="rank 0",
+            notes=(f"saved set decided by rank 0 of {ranks.world()[1]} and sent to every rank",))
 
-    def note_rank(self, plan: GraphPlan) -> None:
-        plan.rank, plan.world_size = ranks.world()
+    def note_rank(self, plan: GraphPlan) -> GraphPlan:
+        """``plan`` with this process's rank, and what its budget bounds where that needs saying."""
+        rank, world_size = ranks.world()
+        plan = plan.revised(rank=rank, world_size=world_size)
         if self.request.budget_bytes is None:
-            return
-        note = scope_note(plan.scope, plan.world_size, self.request.budget_scope)
-        if note is not None and note not in plan.notes:
-            plan.notes.append(note)
+            return plan
+        note = scope_note(plan.scope, world_size, self.request.budget_scope)
         if note is not None and plan.scope is None:
             ranks.warn_once(note)
+        return plan if note is None else plan.noted(note)
 
     def local_plan(self, attempt: Attempt, joint_graph: fx.Graph, node_info: adapter.NodeInfo, forward: set[str],
                    specialized: bool) -> GraphPlan:
@@ -157,10 +160,10 @@ class Planner:
             return self.plan_from_cache(cached, forward, torch_min_cut(joint_graph, node_info))
         plan = self.make_plan(attempt, joint_graph, node_info, forward)
         if specialized:
-            plan.notes.append("dynamic sizes pinned: each new size is planned under the budget again")
+            plan = plan.noted("dynamic sizes pinned: each new size is planned under the budget again")
         if key is not None and attempt.storing:  # the plan cache is on
-            plan.plan_cache = "stored" if self.disk.store(key, plan_cache.entry_of(plan)) else ""
-            plan.cache_key = key
+            stored = self.disk.store(key, plan_cache.entry_of(plan))
+            plan = plan.revised(plan_cache="stored" if stored else "", cache_key=key)
         return plan
 
     def profiled(self, setting: GraphSetting, joint_graph: fx.Graph,
@@ -198,54 +201,44 @@ class Planner:
                                     settle_for_lowest=attempt.settle_for_lowest,
                                     extra=lambda: min_cut_candidates(problem, min_cut))
         timings = {"profile": profile_seconds, "solve": time.perf_counter() - t0}
-        random = {n.name for n in joint_graph.nodes if costs.get(n.name) and costs[n.name].kind == "random"}
+        random = frozenset(n.name for n in joint_graph.nodes if costs.get(n.name) and costs[n.name].kind == "random")
+        notes = [] if attempt.target is None else [f"planned to {format_bytes(attempt.target)} so that the compiled "
+                                                   "program fits"]
         # the plan must fit the user's target; the fitting loop may have solved toward another
-        plan = GraphPlan(problem, solution, store_all, self.request, self.request.solve.target, forward, random, lowest,
-                         profile_seconds=profile_seconds, timings=timings)
-        if attempt.target is not None:
-            plan.notes.append(f"planned to {format_bytes(attempt.target)} so that the compiled program fits")
-        plan.notes.extend(region_notes(joint_graph, forward, self.request.checkpoint_regions))
-        self.defer_figures(plan, min_cut)
+        plan = GraphPlan(problem, solution, store_all, self.request, self.request.solve.target, frozenset(forward),
+                         random, lowest, min_cut, profile_seconds=profile_seconds, timings=timings,
+                         notes=(*notes, *region_notes(joint_graph, forward, self.request.checkpoint_regions)))
+        defer_figures(plan)
         return plan
 
-    def plan_from_cache(self, cached: plan_cache.CachedPlan, forward: set[str], min_cut: MinCut | None) -> GraphPlan:
+    def plan_from_cache(self, cached: plan_cache.CachedPlan, forward: set[str], min_cut: MinCut | None,
+                        *, notes: tuple[str, ...] = (), **fields: object) -> GraphPlan:
         """A GraphPlan from disk: the stored problem and decision, nothing profiled or solved
-        (``min_cut`` None: no joint graph to ask torch's partitioner about)."""
+        (``min_cut`` None: no joint graph to ask torch's partitioner about); ``notes`` and ``fields``
+        added to what was stored."""
         problem = cached.problem
         facts = {**cached.solution, "status": Status(cached.solution["status"]),
                  "notes": tuple(cached.solution["notes"])}
         solution = replace(evaluate(problem, cached.saved), **facts)
-        plan = GraphPlan(problem, solution, store_all(problem), self.request, cached.target, forward,
-                         set(cached.random), self.lowest_of(problem), notes=list(cached.notes), plan_cache="hit",
-                         figures=dict(cached.figures), compiled_peak_bytes=cached.compiled_peak,
-                         program=None if cached.handoff is None else ProgramAccount(None, cached.handoff, None))
+        figures = {name: value for name, value in cached.figures.items() if name in FIGURES}
         if min_cut is None:
-            plan.figures = {**NO_MIN_CUT, **plan.figures}
-        self.defer_figures(plan, min_cut)
+            figures = {**NO_MIN_CUT, **figures}
+        stored = {"plan_cache": "hit", "compiled_peak_bytes": cached.compiled_peak,
+                  "program": None if cached.handoff is None else ProgramAccount(None, cached.handoff, None)}
+        plan = GraphPlan(problem, solution, store_all(problem), self.request, cached.target, frozenset(forward),
+                         frozenset(cached.random), self.lowest_of(problem), min_cut, notes=(*cached.notes, *notes),
+                         **{**stored, **figures, **fields})
+        defer_figures(plan, known=set(figures))
         return plan
 
     def loaded_plan(self, cached: plan_cache.CachedPlan, seconds: float, scope: RankScope | None) -> GraphPlan:
         """The plan of a program AOTAutograd's cache loaded whole: its report from the stored plan."""
-        plan = self.plan_from_cache(cached, set(), None)
-        plan.scope = scope
-        plan.plan_cache = "program"
-        plan.timings = {"cached program": seconds}
-        plan.graphs = dict.fromkeys(("forward", "backward"))  # nothing more arrives for it: complete
-        plan.notes.append("plan and program loaded from remat's plan cache and AOTAutograd's cache: nothing "
-                          "traced, profiled, solved or compiled (torch's min-cut figures need the joint graph)")
-        self.note_rank(plan)
-        return plan
-
-    def defer_figures(self, plan: GraphPlan, min_cut: MinCut | None) -> None:
-        """The smallest feasible budget, torch's min-cut plan and the peers' rules in the model,
-        computed when first read (those not already known, for a plan from the cache)."""
-        known = set(plan.figures)
-        if not set(MIN_FEASIBLE) <= known:
-            defer_min_feasible(plan)
-        if not set(MIN_CUT) <= known:
-            plan.defer(Once(lambda: min_cut_figures(plan.problem, min_cut)), *MIN_CUT)
-        if not set(PEER_RULES) <= known:
-            plan.defer(Once(lambda: {"peer_rules": peer_rules(plan.problem)}), *PEER_RULES)
+        plan = self.plan_from_cache(
+            cached, set(), None, scope=scope, plan_cache="program", timings={"cached program": seconds},
+            realized=Realized(done=True),  # nothing more arrives for it: complete
+            notes=("plan and program loaded from remat's plan cache and AOTAutograd's cache: nothing traced, "
+                   "profiled, solved or compiled (torch's min-cut figures need the joint graph)",))
+        return self.note_rank(plan)
 
     def remember_compiled(self, plan: GraphPlan) -> None:
         """Store ``plan`` again with its compiled program's peak, once that program fitted."""

@@ -63,9 +63,7 @@ def compile_given(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Pl
     """Compile ``gm`` with the plan ``setting`` was given (rank 0 fitted it to the budget), once:
     every rank compiles the same program."""
     compiled, plan, _ = compile_once(gm, example_inputs, planner, Attempt(setting), compile_graph)
-    if plan is not None:
-        plan.compile_attempts = 1
-    return compiled, plan
+    return compiled, None if plan is None else plan.revised(compile_attempts=1)
 
 
 def compile_fitted(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, setting: GraphSetting,
@@ -91,7 +89,7 @@ def compile_fitted(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: P
         if plan is None:  # an inference graph (no grad): nothing to plan or fit
             return compiled, None
         compiles += compiled is not None
-        plan.compile_attempts = compiles
+        plan = plan.revised(compile_attempts=compiles)
         spent.update(plan.timings)
         limit = plan.target
         if compiled is not None and (limit is None or peak <= limit):
@@ -99,7 +97,7 @@ def compile_fitted(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: P
                 # the first plan, or the smallest-peak plan reached at once: far under, try a looser one
                 compiled, plan = loosened(gm, example_inputs, planner, setting, compile_graph, (compiled, plan, peak),
                                           spent)
-            plan.timings = dict(spent)
+            plan = plan.revised(timings=dict(spent))
             planner.remember_compiled(plan)
             return compiled, plan  # before asking whether the plan is the smallest: that may need a solve
         if target in (SMALLEST, FASTEST):  # asked for: tried (the fastest plan may be the smallest too)
@@ -219,18 +217,19 @@ def loosened(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner
     spent.update(looser.timings)
     if looser_peak > limit:
         return compiled, plan
-    looser.compile_attempts = plan.compile_attempts + 1
-    looser.notes.append(f"the first plan's program peaked {format_bytes(limit - peak)} under the target: "
-                        f"planned looser, this plan's program fits and is faster")
+    looser = looser.revised(compile_attempts=plan.compile_attempts + 1).noted(
+        f"the first plan's program peaked {format_bytes(limit - peak)} under the target: "
+        f"planned looser, this plan's program fits and is faster")
     log.info("remat: compiled program peaks %s under the target; a looser plan fits and is faster",
              format_bytes(limit - peak))
     return again, looser
 
 
-def defer_min_feasible(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, setting: GraphSetting,
-                       compile_graph: Compile, plan: GraphPlan) -> None:
-    """Make ``plan``'s ``min_feasible_bytes`` the exact figure ``compile_fitted`` is sure
+def with_compiled_min_feasible(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
+                               setting: GraphSetting, compile_graph: Compile, plan: GraphPlan) -> GraphPlan:
+    """``plan`` with ``min_feasible_bytes`` the exact figure ``compile_fitted`` is sure
     to accept: the lower compiled peak of the smallest-peak plan and the fastest plan, plus
+    its headroom.
     That costs up to two more compiles, so they run when the figure is first
     read (``remat.plan``), under the grad and autocast state of now."""
     restore = adapter.ambient_state()
@@ -241,7 +240,7 @@ def defer_min_feasible(gm: fx.GraphModule, example_inputs: Sequence[Any], planne
         return {"min_feasible_bytes": min_budget_bytes(peak, planner.request.solve.headroom),
                 "min_feasible_exact": True}
 
-    plan.defer(compute, "min_feasible_bytes", "min_feasible_exact")
+    return plan.deferring(compute, "min_feasible_bytes", "min_feasible_exact")
 
 
 def lowest_compiled_peak(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, setting: GraphSetting,
@@ -284,13 +283,13 @@ def compile_once(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Pla
     step = account.step_account(programs, plan.workspace_by_node)
     if not step.complete:
         log.warning("remat: %s; the compiled peak is a lower bound", step.incomplete_reason)
-        plan.notes.append(f"compiled account incomplete: {step.incomplete_reason}")
+        plan = plan.noted(f"compiled account incomplete: {step.incomplete_reason}")
     # the rank's memory outside the graph (budget_scope "rank"): the program's peak is one part of it,
     # and so is what it hands the backward while the eager head and loss run between the two
     program = ProgramAccount(step.peak_bytes, step.handoff_bytes,
                              (step.forward_peak_bytes, step.backward_peak_bytes, step.output_bytes))
-    plan.program = program
-    plan.compiled_peak_bytes = peak = compiled_rank_peak(plan, program, plan.problem.handoff_bytes)
+    peak = compiled_rank_peak(plan, program, plan.problem.handoff_bytes)
+    plan = plan.revised(program=program, compiled_peak_bytes=peak)
     KNOWN.remember(program_of(attempt.setting), plan.solution, plan.workspace_by_node, program)
     return compiled, plan, peak
 
@@ -324,9 +323,9 @@ def compile_recorded(gm: fx.GraphModule, example_inputs: Sequence[Any], planner:
     plan = attempt.plan
     if plan is None:
         return compiled, None, programs
-    plan.timings["inductor"] = time.perf_counter() - attempt.chosen_at
+    plan = plan.timed("inductor", time.perf_counter() - attempt.chosen_at)
     if entries:  # (a compile with Inductor's cache off makes none: the plan keeps an earlier one)
-        plan.program_entry = entries[-1]
+        plan = plan.revised(program_entry=entries[-1])
     return compiled, plan, programs
 
 

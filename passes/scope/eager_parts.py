@@ -40,7 +40,7 @@ from .eager_window import (  # noqa: F401  (re-exported: the watch's vocabulary)
     peak_between_marks,
     window_of,
 )
-from ..decide.graph_plan import MIN_FEASIBLE, STEP_NOTE, defer_min_feasible, scope_note
+from ..decide.graph_plan import STEP_NOTE, defer_figures, scope_note
 from .rank_scope import storages_of
 from .ranks import largest_on_any_rank
 from .step import STEP, OpenGraph
@@ -57,15 +57,20 @@ class State(enum.Enum):
     DONE = "done"
 
 
+Replan = Callable[[Any, EagerParts], tuple[Callable[..., Any], Any]]
+
+
 class EagerWatch:
     """A graph's compiled callable, which measures the eager window on the first step and
-    counts it at the next call: ``recount(eager)`` when the plan still fits with it (it raises
-    the plan's figures), else ``replan(eager)``, which returns the callable of a plan that fits
-    (or raises ``BudgetError``)."""
+    counts it at the next call: where the plan still fits with it, ``recount(plan, eager)`` makes
+    the plan that counts it (:func:`raised_by`), else ``replan(plan, eager)`` returns the callable
+    and the plan of a plan that fits (or raises ``BudgetError``). Each new plan (a note added makes
+    one) is handed to ``supersede(old, new)``, which puts it where the old one was read."""
 
-    def __init__(self, compiled: Callable[..., Any], plan: Any, replan: Callable[[EagerParts], Callable[..., Any]],
-                 recount: Callable[[EagerParts], None], state: dict[tuple, int] | None = None) -> None:
-        self.compiled, self.plan, self.replan, self.recount = compiled, plan, replan, recount
+    def __init__(self, compiled: Callable[..., Any], plan: Any, replan: Replan, recount: Callable[[Any, EagerParts], Any],
+                 supersede: Callable[[Any, Any], None], state: dict[tuple, int] | None = None) -> None:
+        self.compiled, self.plan, self.replan = compiled, plan, replan
+        self.recount, self.supersede = recount, supersede
         self.model_state = state or {}  # the parameters and buffers this graph's plan counts, by storage
         self.others: dict[tuple, int] = {}  # state of other graphs that ran in the window
         self.window = EagerWindow()
@@ -113,8 +118,8 @@ class EagerWatch:
         if not any("deferred" in note for note in self.plan.notes):
             log.info("remat: the eager parts of the step were not measured while your profiler ran; "
                      "remat measures them on the next step without one")
-            self.plan.notes.append("eager parts deferred: a profiler of the caller's was running on the step "
-                                   "that would measure them; measured on the first step without one")
+            self.revise(self.plan.noted("eager parts deferred: a profiler of the caller's was running on the step "
+                                        "that would measure them; measured on the first step without one"))
         self.window = EagerWindow()
         self.state = State.MEASURING
         self.calls = 0
@@ -157,20 +162,20 @@ class EagerWatch:
             self.defer()
             return
         if self.window.bounded:
-            self.plan.notes.append("eager parts counted at most: their window did not raise the allocator's peak, "
-                                   "so the peak before it bounds them")
+            self.revise(self.plan.noted("eager parts counted at most: their window did not raise the allocator's "
+                                        "peak, so the peak before it bounds them"))
         if eager == UNKNOWN:
             log.warning("remat: the eager parts of the step (its head and loss) were not measured on the first "
                         "step (no backward followed its forward): the per-rank budget does not "
                         "count them")
-            self.plan.notes.append("eager parts not measured on the first step (no "
-                                   "backward followed): not counted")
+            self.revise(self.plan.noted("eager parts not measured on the first step (no backward followed): "
+                                        "not counted"))
             return
         budget, target = self.plan.request.budget_bytes, self.plan.target
         (others,) = largest_on_any_rank([sum(n for key, n in self.others.items() if key not in self.model_state)])
         parts = EagerParts(eager, after, calls - 1, others, freed)
         if target is None or budget is None:  # no budget: the report counts them
-            self.recount(parts)
+            self.revise(self.recount(self.plan, parts))
             return
         (peak,) = largest_on_any_rank([rank_peak_with(self.plan, parts)])
         if peak > budget:
@@ -180,14 +185,21 @@ class EagerWatch:
                         "over the budget %s; planning again with them", format_bytes(counted), format_bytes(eager),
                         format_bytes(peak), format_bytes(budget))
         if peak <= target:
-            self.recount(parts)
+            self.revise(self.recount(self.plan, parts))
             return
         try:
-            self.compiled = self.replan(parts)
+            self.compiled, plan = self.replan(self.plan, parts)
         except BudgetError as exc:
             raise BudgetError(f"with the eager parts of the step measured on the first step ({format_bytes(eager)} "
                               f"between the last forward and the first backward: the model's head and loss): {exc}",
                               budget_bytes=exc.budget_bytes, min_feasible_bytes=exc.min_feasible_bytes) from None
+        self.revise(plan)
+
+    def revise(self, plan: Any) -> None:
+        """``plan`` replaces the watch's plan, here and where the reports read it."""
+        if plan is not self.plan:
+            self.supersede(self.plan, plan)
+            self.plan = plan
 
 
 def rank_peak_with(plan: Any, eager: EagerParts) -> int:
@@ -229,27 +241,26 @@ def outside_grown(plan: Any, scope: Any) -> int:
             - outside_with_copies(plan.scope.applied(plan.problem), saved))
 
 
-def raised_by(plan: Any, eager: EagerParts, lowest_of: Callable[[Any], Any]) -> None:
-    """Count ``eager`` parts in a plan that still fits with them: its problem holds the window's peak at
+def raised_by(plan: Any, eager: EagerParts, lowest_of: Callable[[Any], Any]) -> Any:
+    """A plan that still fits with ``eager`` parts, counting them: its problem holds the window's peak at
     the forward's last step and what it leaves through the backward, and its peaks, the smallest-peak
-    plan (``lowest_of(problem)``) and the smallest feasible budget are read again from it."""
-    if plan.compiled_peak_bytes is not None:
-        plan.compiled_peak_bytes = rank_peak_with(plan, eager)
-    plan.scope = plan.scope.with_eager(eager)
-    remember(plan.scope)
-    if plan.scope.process:  # the note on what the step counts says measured, not reserved
-        plan.notes = [n for n in plan.notes if not n.startswith(STEP_NOTE)]
-        plan.notes.insert(0, scope_note(plan.scope, plan.world_size, plan.request.budget_scope))
-    plan.problem = plan.scope.applied(plan.problem)
-    plan.lowest = lowest_of(plan.problem)
-    plan.solution = with_timeline(plan.problem, plan.solution)
-    plan.store_all = with_timeline(plan.problem, plan.store_all)
-    for name in MIN_FEASIBLE:
-        plan.figures.pop(name, None)
-    defer_min_feasible(plan)
-    if not plan.scope.process:  # (a process's step note above says it already)
-        plan.notes.append(f"counted {format_bytes(eager.peak)} of eager parts (the head and loss between the last "
-                          "forward and the first backward), measured on the first step")
+    plan (``lowest_of(problem)``) and the figures computed when read follow from that problem."""
+    scope = plan.scope.with_eager(eager)
+    remember(scope)
+    problem = scope.applied(plan.problem)
+    notes = plan.notes
+    if scope.process:  # the note on what the step counts says measured, not reserved
+        notes = (scope_note(scope, plan.world_size, plan.request.budget_scope),
+                 *(n for n in notes if not n.startswith(STEP_NOTE)))
+    else:  # (a process's step note above says it already)
+        notes = (*notes, f"counted {format_bytes(eager.peak)} of eager parts (the head and loss between the "
+                         "last forward and the first backward), measured on the first step")
+    compiled_peak = None if plan.compiled_peak_bytes is None else rank_peak_with(plan, eager)
+    raised = plan.revised(problem=problem, scope=scope, notes=notes, compiled_peak_bytes=compiled_peak,
+                          lowest=lowest_of(problem), solution=with_timeline(problem, plan.solution),
+                          store_all=with_timeline(problem, plan.store_all))
+    defer_figures(raised)
+    return raised
 
 
 def remember(scope: Any) -> None:
