@@ -70,7 +70,7 @@ def test_a_window_opened_while_the_caller_profiles_is_deferred_and_leaves_the_ca
 @dataclass
 class StandInPlan:
     """A compiled plan whose program's forward end is unknown: with eager bytes it peaks that
-    much higher (``rank_peak_with``)."""
+    much higher (``peaks.rank_peak_with``)."""
 
     compiled_peak_bytes: int
     target: int

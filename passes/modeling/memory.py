@@ -4,7 +4,8 @@ Scores the two graphs the partitioner actually built, storage by storage
 (views share their base), with the forward's inputs alive throughout, the
 values saved for the backward alive until their last backward use, the
 user's outputs and the produced gradients alive to the end. The planner
-compares this with the plan's prediction: the self-check of docs/design.md.
+compares this with the plan's prediction: the self-check of docs/design.md (the realized
+graphs' peak, one of the four peaks ``passes/peaks.py`` names).
 """
 
 from __future__ import annotations

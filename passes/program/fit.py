@@ -28,7 +28,6 @@ from typing import Any
 import torch.fx as fx
 
 from remat.solvers.errors import BudgetError, format_bytes
-from remat.solvers.model import outside_with_copies
 from remat.solvers.plan import budget_error, min_budget_bytes
 from remat.solvers.solution import Solution
 
@@ -37,6 +36,7 @@ from .. import torch_adapter as adapter
 from ..decide.attempt import Attempt, CompileStopped, GraphSetting, choosing
 from ..decide.graph_plan import GraphPlan
 from .known_programs import KNOWN, ProgramAccount
+from ..peaks import compiled_rank_peak
 from ..decide.partition import Planner
 
 log = logging.getLogger(__name__)
@@ -292,22 +292,6 @@ def compile_once(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Pla
     plan = plan.revised(program=program, compiled_peak_bytes=peak)
     KNOWN.remember(program_of(attempt.setting), plan.solution, plan.workspace_by_node, program)
     return compiled, plan, peak
-
-
-def compiled_rank_peak(plan: GraphPlan, program: ProgramAccount, eager: int, freed: int | None = None,
-                       saved: frozenset | None = None) -> int:
-    """The rank's peak under ``plan``'s graph and scope with ``program``, ``eager`` bytes of eager code
-    between its forward and backward, and ``saved`` kept (the plan's own by default). Outputs the
-    eager code was measured to free (a loss outside the model drops the logits) are not held through
-    the backward, which the program's own account does."""
-    extra = outside_with_copies(plan.problem, plan.solution.saved if saved is None else saved)
-    if freed is None:
-        freed = plan.scope.eager_freed_bytes if plan.scope is not None else 0
-    peak = program.peak_bytes
-    if freed and program.peaks is not None:
-        forward, backward, outputs = program.peaks
-        peak = max(forward, backward - min(freed, outputs))
-    return max(peak, program.handoff_bytes + eager) + extra
 
 
 def compile_recorded(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner, attempt: Attempt,

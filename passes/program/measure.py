@@ -5,7 +5,7 @@
 
 From the ``[memory]`` events of a profiler session of remat's own, whose
 running "Total Allocated" covers Inductor's buffers too (the allocator's peak
-statistics are never reset).
+statistics are never reset): the measured peak, one of the four ``passes/peaks.py`` names.
 """
 
 from __future__ import annotations

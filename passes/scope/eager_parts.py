@@ -21,16 +21,13 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import torch
 
 from remat.solvers.errors import BudgetError, format_bytes
-from remat.solvers.model import outside_with_copies
 from remat.solvers.problem import Kind
-from remat.solvers.simulate import timeline
-from ..program.fit import compiled_rank_peak
+from ..peaks import rank_peak_with, with_timeline
 from .eager_window import (  # noqa: F401  (re-exported: the watch's vocabulary)
     DEFERRED,
     UNKNOWN,
@@ -202,25 +199,6 @@ class EagerWatch:
             self.plan = plan
 
 
-def rank_peak_with(plan: Any, eager: EagerParts) -> int:
-    """The rank's peak under ``plan`` with ``eager`` parts between the graph's forward and its
-    backward: by its compiled program where there is one (Inductor), else by the model."""
-    scope = plan.scope.with_eager(eager)
-    if plan.compiled_peak_bytes is None:
-        counted = scope.applied(plan.problem)
-        return max(timeline(counted, plan.solution.saved, plan.solution.recomputed), default=0)
-    grown = outside_grown(plan, scope)
-    handoff = max(0, eager.peak - eager.after)  # (what the window leaves is counted in grown, at every row)
-    program = plan.program
-    if program is None:  # a program whose forward's end was not read: as if at its peak
-        return plan.compiled_peak_bytes + handoff + grown
-    # (a reservation the program was compiled with is replaced by the eager parts)
-    read = program if program.peak_bytes is not None else replace(program, peak_bytes=0)
-    at_handoff = compiled_rank_peak(plan, read, handoff, eager.freed) + grown
-    # without the program's own peak, the one accepted stands; the hand-off may now be higher
-    return at_handoff if program.peak_bytes is not None else max(plan.compiled_peak_bytes + grown, at_handoff)
-
-
 def held_after_forward(plan: Any) -> int:
     """What the graph holds between its forward and its backward besides its inputs (which the step
     counts as the model's state and the batch): by its compiled program where it was read, else the
@@ -230,15 +208,6 @@ def held_after_forward(plan: Any) -> int:
         return max(0, plan.program.handoff_bytes - inputs)
     by_name = {v.name: v.bytes for v in plan.problem.values}
     return sum(by_name.get(name, 0) for name in plan.solution.saved)
-
-
-def outside_grown(plan: Any, scope: Any) -> int:
-    """How much more memory outside the graph ``scope`` counts than the plan's own scope did."""
-    if (scope.outside_bytes, scope.copies) == (plan.scope.outside_bytes, plan.scope.copies):
-        return 0
-    saved = plan.solution.saved
-    return (outside_with_copies(scope.applied(plan.problem), saved)
-            - outside_with_copies(plan.scope.applied(plan.problem), saved))
 
 
 def raised_by(plan: Any, eager: EagerParts, lowest_of: Callable[[Any], Any]) -> Any:
@@ -279,11 +248,6 @@ def remember_measured(gm: Any, measured: EagerParts) -> None:
     from ..cache.plan_cache import graph_fingerprint
 
     STEP.remember(graph_fingerprint(gm.graph, by_position=True), measured)
-
-
-def with_timeline(problem: Any, solution: Any) -> Any:
-    line = timeline(problem, solution.saved, solution.recomputed)
-    return replace(solution, peak_bytes=max(line, default=0), timeline=line)
 
 
 def _device_of(args: tuple) -> torch.device:
