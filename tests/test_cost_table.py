@@ -13,6 +13,7 @@ from remat.passes.cache import cost_table
 
 from remat.passes.costs import profile, timing
 from remat.passes.cache.cost_table import CostTable
+from remat.passes.capture.values import describe_value
 from tests.conftest import build
 from tests.passes.helpers import capture
 
@@ -125,15 +126,13 @@ def test_a_symbolic_size_is_keyed_by_the_size_it_stands_for() -> None:
     """Graphs captured with a symbolic size at two example sizes: their ops' cost keys, and the
     inputs' description the program and plan caches key on, differ (by its name, ``s0``, they
     were the same, and the second size read costs and program accounts made at the first)."""
-    from remat.passes.cache import plan_cache
-
     seen: list[tuple[tuple, object]] = []
 
     def keep(gm: torch.fx.GraphModule, example_inputs: list) -> object:
         for node in gm.graph.nodes:  # (dynamo's graph; the joint graphs remat profiles hold "val")
             node.meta["val"] = node.meta.get("example_value")
         mm = next(n for n in gm.graph.nodes if n.op == "call_function")
-        seen.append((profile.cache_key(mm), plan_cache.describe(list(example_inputs))))
+        seen.append((profile.cache_key(mm), describe_value(list(example_inputs))))
         return gm
 
     def f(x: torch.Tensor) -> torch.Tensor:

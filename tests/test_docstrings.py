@@ -8,7 +8,8 @@ import importlib
 import pytest
 
 
-@pytest.mark.parametrize("module", ["remat.budget", "remat.solvers.errors", "remat.solvers.lazy", "remat.passes.costs.profile",
+@pytest.mark.parametrize("module", ["remat.budget", "remat.solvers.errors", "remat.solvers.lazy",
+                                    "remat.passes.capture.values", "remat.passes.costs.profile",
                                     "remat.passes.costs.timing", "remat.passes.torch_adapter.profiler",
                                     "remat.solvers.plan",
                                     "remat.zoo"])

@@ -29,8 +29,9 @@ from .plan_cache import OFF
 
 log = logging.getLogger(__name__)
 
-FORMAT = 3  # bump when what a measurement means changes (grid, threads, workspace rule, measuring thread);
-# 3: a symbolic size is keyed by its example value, not its name
+FORMAT = 4  # bump when what a measurement means changes (grid, threads, workspace rule, measuring thread);
+# 3: a symbolic size is keyed by its example value, not its name; 4: values described by
+# passes/capture/values.py (the device by its type, the same description as the plan cache's)
 Entry = tuple[float, float, int, bool]  # seconds, flops, workspace, measured
 
 

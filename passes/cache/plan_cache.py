@@ -32,7 +32,7 @@ import torch.fx as fx
 
 from remat.solvers.problem import Problem, problem_from_dict, problem_to_dict
 
-from .. import torch_adapter as adapter
+from ..capture.values import describe_value
 from ..decide.request import PlanRequest
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ def graph_fingerprint(graph: fx.Graph, *, by_position: bool = False) -> str:
         args = fx.node.map_arg((node.args, node.kwargs), label.__getitem__)
         target = "" if node.op == "placeholder" else stable_name(node.target)  # a placeholder's target is its name
         value = node.meta.get("val", node.meta.get("example_value"))  # a joint graph's, or dynamo's
-        digest.update(repr((label[node], node.op, target, args, describe(value))).encode())
+        digest.update(repr((label[node], node.op, target, args, describe_value(value))).encode())
     return digest.hexdigest()
 
 
@@ -132,22 +132,6 @@ def stable_name(target: Any) -> str:
     if " at 0x" not in text:
         return text
     return f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', type(target).__name__)}"
-
-
-def describe(val: Any) -> Any:
-    """A value's shapes, strides, dtypes and device, as plain data. A symbolic size is described by
-    its example value: a program is accounted for, and a plan made, at that size (under a budget
-    remat pins it), so one made at another size is another."""
-    def sizes(values: Any) -> tuple[str, ...]:
-        return tuple(str(adapter.size_hint(v)) for v in values)
-
-    if isinstance(val, torch.Tensor):
-        return (sizes(val.shape), sizes(val.stride()), str(val.dtype), val.device.type)
-    if isinstance(val, (list, tuple)):
-        return tuple(describe(v) for v in val)
-    if isinstance(val, torch.SymInt):
-        return f"SymInt={adapter.size_hint(val)}"
-    return type(val).__name__ if val is not None else None
 
 
 class PlanCache:

@@ -45,6 +45,7 @@ from . import plan_cache
 
 from ..scope import ranks
 from .. import torch_adapter as adapter
+from ..capture.values import describe_value
 from ..decide.attempt import Attempt, CompileStopped, GraphSetting, compile_attempt
 from ..decide.graph_plan import GraphPlan
 from ..decide.partition import Planner
@@ -78,7 +79,7 @@ def program_key(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Plan
     """What a plan depends on, known before the joint graph is traced."""
     autocast = [(d, torch.get_autocast_dtype(d).__repr__()) for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)]
     key = {"format": plan_cache.FORMAT, "program": plan_cache.graph_fingerprint(gm.graph),
-            "inputs": plan_cache.describe(list(example_inputs)),
+            "inputs": describe_value(list(example_inputs)),
             "requires_grad": [getattr(x, "requires_grad", None) for x in example_inputs],
             **plan_cache.request_key(planner.request),
             "grad": torch.is_grad_enabled(), "autocast": autocast, "unread_state_bytes": setting.unread_state,

@@ -36,6 +36,7 @@ from .. import torch_adapter as adapter
 from ..devices import DeviceSpec, planned_for
 from ..cache.cost_table import CostTable, signature
 from ..capture.taxonomy import is_alias, node_kind
+from ..capture.values import describe_value
 from .timing import MIN_SAMPLES, caller_rng_kept, count_flops, measure_workspace, time_call
 
 log = logging.getLogger(__name__)
@@ -167,17 +168,11 @@ def channels_last(value: Any) -> Any:
 
 
 def cache_key(node: fx.Node) -> tuple:
-    """What an op's cost depends on: the op, its arguments' sizes, strides, dtypes and devices, and
-    its other arguments. A symbolic size counts as its example value, the size the op is costed at
-    (by name, ``s0`` would stand for every size a dynamic graph is captured at)."""
+    """What an op's cost depends on: the op, its arguments' sizes, strides, dtypes and devices
+    (``describe_value``: a symbolic size counts as its example value, the size the op is costed at),
+    and its other arguments."""
     def describe(arg: Any) -> Any:
-        if isinstance(arg, fx.Node):
-            val = arg.meta.get("val")
-            if isinstance(val, torch.Tensor):
-                return ("T", tuple(hint(s) for s in val.shape), tuple(hint(s) for s in val.stride()), str(val.dtype),
-                        str(val.device))
-            return ("V", str(concrete(val)))
-        return repr(arg)
+        return describe_value(arg.meta.get("val")) if isinstance(arg, fx.Node) else repr(arg)
 
     key = (str(node.target), repr(adapter.tree_map(describe, node.args)), repr(adapter.tree_map(describe, node.kwargs)))
     return (*key, "channels_last") if node.meta.get(CHANNELS_LAST) else key

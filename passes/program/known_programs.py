@@ -27,6 +27,7 @@ from remat.solvers.solution import Solution
 
 from ..cache import plan_cache
 from .. import torch_adapter as adapter
+from ..capture.values import describe_value
 
 CAPACITY = 256  # programs remembered; a fitting loop compiles at most six per graph
 
@@ -44,7 +45,7 @@ def identity(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str:
     """What a graph's program follows from besides its plan, known before tracing: the graph,
     its inputs' shapes and grad flags, grad mode, autocast and Inductor's settings."""
     autocast = [(d, repr(torch.get_autocast_dtype(d))) for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)]
-    key = {"program": plan_cache.graph_fingerprint(gm.graph), "inputs": plan_cache.describe(list(example_inputs)),
+    key = {"program": plan_cache.graph_fingerprint(gm.graph), "inputs": describe_value(list(example_inputs)),
            "requires_grad": [getattr(x, "requires_grad", None) for x in example_inputs],
            "grad": torch.is_grad_enabled(), "autocast": autocast}
     return json.dumps(key, sort_keys=True) + adapter.inductor_config_digest().hex()
