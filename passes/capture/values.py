@@ -16,6 +16,11 @@ from .. import torch_adapter as adapter
 NUMBERS = (bool, int, float, torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
+def hint(size: int | torch.SymInt) -> int:
+    """A symbolic size's example value, read without adding a guard."""
+    return int(adapter.size_hint(size))
+
+
 def describe_value(val: Any) -> Any:
     """``val`` as plain data: a tensor's sizes, strides, dtype and device type, a number's value,
     anything else's type name. A symbolic size is its example value, the size a value is costed,
@@ -26,8 +31,8 @@ def describe_value(val: Any) -> Any:
     (('T', (2, 3), (3, 1), 'torch.float32', 'cpu'), ('N', '4'), None, 'str')
     """
     if isinstance(val, torch.Tensor):
-        return ("T", tuple(int(adapter.size_hint(s)) for s in val.shape),
-                tuple(int(adapter.size_hint(s)) for s in val.stride()), str(val.dtype), val.device.type)
+        return ("T", tuple(hint(s) for s in val.shape), tuple(hint(s) for s in val.stride()), str(val.dtype),
+                val.device.type)
     if isinstance(val, (list, tuple)):
         return tuple(describe_value(v) for v in val)
     if isinstance(val, NUMBERS):

@@ -36,7 +36,7 @@ from .. import torch_adapter as adapter
 from ..devices import DeviceSpec, planned_for
 from ..cache.cost_table import CostTable, signature
 from ..capture.taxonomy import is_alias, node_kind
-from ..capture.values import describe_value
+from ..capture.values import describe_value, hint
 from .timing import MIN_SAMPLES, caller_rng_kept, count_flops, measure_workspace, time_call
 
 log = logging.getLogger(__name__)
@@ -90,11 +90,6 @@ def storage_bytes(val: Any) -> int:
         return 0
     span = 1 + sum((s - 1) * abs(hint(st)) for s, st in zip(shape, val.stride()))
     return (span + hint(val.storage_offset())) * val.element_size()
-
-
-def hint(size: int | torch.SymInt) -> int:
-    """A symbolic size's example value, read without adding a guard."""
-    return int(adapter.size_hint(size))
 
 
 def multi_output_parent(node: fx.Node) -> fx.Node | None:

@@ -31,7 +31,6 @@ MIN_CUT = ("min_cut_peak_bytes", "min_cut_overhead_seconds", "min_cut_seconds")
 # torch's min-cut decision needs the joint graph, which a program loaded whole never traces
 NO_MIN_CUT = {"min_cut_peak_bytes": None, "min_cut_overhead_seconds": None, "min_cut_seconds": 0.0}
 PEER_RULES = ("peer_rules",)
-FIGURES = (*MIN_FEASIBLE, *MIN_CUT, *PEER_RULES)  # a plan's figures computed when first read
 
 
 MinCut = Once[tuple[list[str], float]]  # torch's saved node names, and the seconds it took
@@ -153,6 +152,9 @@ class GraphPlan(Deferring):
     def workspace_by_node(self) -> dict[str, int]:
         """Each op's measured scratch bytes, by node name (those with any)."""
         return {n: w for n, w in zip(self.problem.step_names, self.problem.workspace) if w}
+
+
+FIGURES = GraphPlan.deferred_fields()  # a plan's figures computed when first read (the groups above, together)
 
 
 

@@ -228,10 +228,9 @@ def loosened(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner
 def with_compiled_min_feasible(gm: fx.GraphModule, example_inputs: Sequence[Any], planner: Planner,
                                setting: GraphSetting, compile_graph: Compile, plan: GraphPlan) -> GraphPlan:
     """``plan`` with ``min_feasible_bytes`` the exact figure ``compile_fitted`` is sure
-    to accept: the lower compiled peak of the smallest-peak plan and the fastest plan, plus
-    its headroom.
-    That costs up to two more compiles, so they run when the figure is first
-    read (``remat.plan``), under the grad and autocast state of now."""
+    to accept: the lower compiled peak of the smallest-peak plan and the fastest plan, plus its
+    headroom. That costs up to two more compiles, so they run when the figure is first read
+    (``remat.plan``), under the grad and autocast state of now."""
     restore = adapter.ambient_state()
 
     def compute() -> dict[str, object]:

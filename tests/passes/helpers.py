@@ -84,3 +84,26 @@ def capture(model: torch.nn.Module, *inputs: torch.Tensor, run_backward: bool = 
 
 def call_names(graph: fx.Graph) -> list[str]:
     return [n.name for n in graph.nodes if n.op == "call_function"]
+
+
+class Chain(torch.nn.Module):
+    """``layers`` tanh layers, activations far larger than the weights: recomputing a layer from an
+    earlier kept one lowers the peak."""
+
+    def __init__(self, layers: int) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(32, 32) for _ in range(layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x.sum()
+
+
+def dynamo_graph(model: torch.nn.Module, *inputs: torch.Tensor) -> tuple[fx.GraphModule, list]:
+    """The one graph dynamo captures of ``model(*inputs)`` and its example inputs (nothing planned)."""
+    graphs: list = []
+    torch._dynamo.reset()
+    torch.compile(model, backend=lambda gm, example: graphs.append((gm, example)) or gm)(*inputs)
+    (gm, example), = graphs
+    return gm, example

@@ -11,31 +11,15 @@ from remat.passes.decide.attempt import Attempt, CompileStopped, GraphSetting, c
 from remat.passes.program.eager_compiler import compile_eager
 from remat.passes.decide.partition import Planner
 from remat.solvers.baselines import store_all
-
-
-class Chain(torch.nn.Module):
-    """Six tanh layers, activations far larger than the weights: recomputing a layer from an earlier
-    kept one lowers the peak."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.layers = torch.nn.ModuleList(torch.nn.Linear(32, 32) for _ in range(6))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = torch.tanh(layer(x))
-        return x.sum()
+from tests.passes.helpers import Chain, dynamo_graph
 
 
 @pytest.fixture(scope="module")
 def captured() -> tuple:
-    """The dynamo graph of Chain and its example inputs (nothing planned)."""
+    """The dynamo graph of a six-layer Chain and its example inputs (nothing planned)."""
     torch.manual_seed(0)
-    model, x = Chain(), torch.randn(1024, 32)
-    graphs: list = []
-    torch._dynamo.reset()
-    torch.compile(model, backend=lambda gm, example: graphs.append((gm, example)) or gm)(x)
-    (gm, example), = graphs
+    model, x = Chain(6), torch.randn(1024, 32)
+    gm, example = dynamo_graph(model, x)
     return model, x, gm, example
 
 

@@ -16,27 +16,14 @@ from remat.passes.decide.partition import Planner
 from remat.passes.program.eager_compiler import compile_eager
 from remat.passes.scope import eager_parts, rank_scope
 from remat.report import report_of
-
-
-class Chain(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layers = torch.nn.ModuleList(torch.nn.Linear(32, 32) for _ in range(4))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = torch.tanh(layer(x))
-        return x.sum()
+from tests.passes.helpers import Chain, dynamo_graph
 
 
 @pytest.fixture(scope="module")
 def planned() -> tuple[Planner, GraphPlan]:
     """A tiny chain planned op by op, with no budget (so no figure is known yet)."""
     torch.manual_seed(0)
-    graphs: list = []
-    torch._dynamo.reset()
-    torch.compile(Chain(), backend=lambda gm, example: graphs.append((gm, example)) or gm)(torch.randn(256, 32))
-    (gm, example), = graphs
+    gm, example = dynamo_graph(Chain(4), torch.randn(256, 32))
     planner = Planner(remat.Options(compiler="eager", plan_cache=False, profile="analytic").request())
     attempt = Attempt(GraphSetting())
     compile_attempt(gm, example, planner, attempt, compile_eager)
